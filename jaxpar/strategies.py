@@ -1,0 +1,121 @@
+"""Baseline strategies, costed by the same model as the search.
+
+- ``data``: every node splits its batch dimension over the whole mesh (parameters replicated;
+  gradients all-reduced: the partial sums of the weight-gradient contractions).
+- ``model``: every node splits its output channel / feature dimension (the last dimension) over
+  the whole mesh — OptCNN's "model parallelism", Megatron-style column splits.
+- ``owt``: Krizhevsky's "one weird trick": data parallelism for convolutional layers, model
+  parallelism for dense layers.
+
+Batch dimensions are found by propagating "this dim is the batch" from dim 0 of the batch
+arguments through every equation's dimension maps. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .cost import Config
+from .merge import NodeGraph
+
+STRATEGIES = ("auto", "data", "model", "owt")
+
+
+def batch_dims(ng: NodeGraph, batch_tensors: Sequence[int]) -> list[set[int]]:
+    """Per node, the iteration dims that carry the batch (propagated from dim 0 of the batch)."""
+    program = ng.program
+    tensor_batch: dict[int, set[int]] = {t: {0} for t in batch_tensors if program.tensors[t].shape}
+    node_dims: list[set[int]] = [set() for _ in ng.nodes]
+    for t in batch_tensors:
+        if t in tensor_batch:
+            node_dims[ng.node_of_tensor[t]].add(ng.nodes[ng.node_of_tensor[t]].tensor_maps[t][0])
+    member_of = {m.eqn: m for node in ng.nodes for m in node.members if m.eqn >= 0}
+    for eqn in program.eqns:
+        node = ng.nodes[ng.node_of_eqn[eqn.index]]
+        m = member_of[eqn.index]
+        dims: set[int] = set()
+        for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
+            if t is None or mp is None:
+                continue
+            dims |= {mp[d] for d in tensor_batch.get(t, ()) if mp[d] is not None}
+        if not dims:
+            continue
+        node_dims[node.index] |= dims
+        for t, mp in zip(eqn.outputs, m.out_maps, strict=True):
+            tb = {i for i, d in enumerate(mp) if d in dims}
+            if tb:
+                tensor_batch[t] = tb
+    return node_dims
+
+
+def _best_on_dim(configs: list[Config], dims: Sequence[int], sizes: Sequence[int]) -> int:
+    """Index of the config putting the most devices on one of ``dims`` and nothing elsewhere."""
+    best, best_deg = None, 0
+    for i, cfg in enumerate(configs):
+        if all(d == -1 for d in cfg) and best is None:
+            best = i
+        for dim in dims:
+            if all(d in (-1, dim) for d in cfg):
+                deg = 1
+                for a, d in enumerate(cfg):
+                    if d == dim:
+                        deg *= sizes[a]
+                if deg > best_deg:
+                    best, best_deg = i, deg
+    return best if best is not None else 0
+
+
+def baseline_assignment(
+    strategy: str,
+    ng: NodeGraph,
+    configs: list[list[Config]],
+    batch: list[set[int]],
+    sizes: Sequence[int],
+) -> list[int]:
+    """One configuration index per node for a baseline strategy."""
+    if strategy not in ("data", "model", "owt"):
+        raise ValueError(f"unknown baseline {strategy!r}; choose one of {STRATEGIES}")
+    kinds = layer_kinds(ng)
+    labels = node_labels(ng)
+    out = []
+    for node, cfgs in zip(ng.nodes, configs, strict=True):
+        style = strategy
+        if strategy == "owt":
+            kind = kinds.get(labels[node.index], "")
+            style = "model" if kind == "dense" else "data"
+        if style == "data":
+            dims = sorted(batch[node.index], key=lambda d: -node.space.sizes[d])
+        else:
+            out_map = node.space.out_maps[0] if node.space.out_maps else ()
+            dims = [out_map[-1]] if out_map and out_map[-1] is not None else []
+        out.append(_best_on_dim(cfgs, dims, sizes))
+    return out
+
+
+def node_labels(ng: NodeGraph) -> list[str]:
+    """Layer label per node; input nodes take the label of their first labelled reader."""
+    labels = [n.label for n in ng.nodes]
+    consumers = ng.program.consumers()
+    for node in ng.nodes:
+        if node.anchor >= 0 or labels[node.index]:
+            continue
+        for e in consumers.get(node.invar, []):
+            reader = ng.nodes[ng.node_of_eqn[e]]
+            if reader.label:
+                labels[node.index] = reader.label
+                break
+    return labels
+
+
+def layer_kinds(ng: NodeGraph) -> dict[str, str]:
+    """Layer label -> "conv" if it holds a convolution, "dense" if a dot_general."""
+    kinds: dict[str, str] = {}
+    for node in ng.nodes:
+        if node.anchor < 0 or not node.label:
+            continue
+        prim = ng.program.eqns[node.anchor].primitive
+        if prim == "conv_general_dilated":
+            kinds[node.label] = "conv"
+        elif prim == "dot_general" and kinds.get(node.label) != "conv":
+            kinds[node.label] = "dense"
+    return kinds

@@ -1,0 +1,534 @@
+"""Read the collectives XLA actually emitted out of compiled HLO text, with their ring traffic.
+
+Pure text parsing (no jax import): `parse_collectives` takes the text of an optimized HLO module
+(``jax.stages.Compiled.as_text()``) and returns one `HloCollective` per collective instruction,
+with its group size and the bytes each device sends under ring accounting. The planner's
+predictions are checked against these.
+
+Ring accounting, for one collective over a group of n devices (S = per-device buffer bytes):
+
+* all-reduce:          2(n-1)/n * S        (S = result bytes)
+* all-gather:          (n-1)/n * S_out     (S = result bytes)
+* reduce-scatter:      (n-1)/n * S_in = (n-1) * S_out   (S = result bytes)
+* all-to-all:          (n-1)/n * S         (S = result bytes, tuple elements summed)
+* collective-permute:  S * (fraction of devices whose source differs from their target)
+
+A group of one device sends nothing. Instructions are counted statically: a collective inside a
+while body is listed once however many times the loop runs.
+
+Formats handled (as printed by jax 0.10 / XLA with the Shardy partitioner):
+
+* replica groups: explicit ``{{0,1,2,3},{4,5,6,7}}`` (``{}`` = one group of every device),
+  iota ``[2,4]<=[8]`` / ``[4,2]<=[2,4]T(1,0)``, and mesh axes
+  ``mesh['axis_0'=2,'axis_1'=4], device_ids=([2,4]T(1,0)) {'axis_1'}`` with sub-axes
+  ``{'axis_0':(2)2}`` (size = the number after the parenthesis) and several axes multiplying.
+* async pairs: ``all-gather-start``/``-done``, ``all-reduce-start``/``-done``,
+  ``collective-permute-start``/``-done`` and the sugared generic async ops
+  (``reduce-scatter-start``, ``all-to-all-start``) are counted once, at the start; an
+  un-sugared ``async-start(..), calls=%wrapped`` is counted through the collective inside the
+  wrapped computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+ALL_REDUCE = "all-reduce"
+ALL_GATHER = "all-gather"
+REDUCE_SCATTER = "reduce-scatter"
+ALL_TO_ALL = "all-to-all"
+COLLECTIVE_PERMUTE = "collective-permute"
+COLLECTIVE_KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, COLLECTIVE_PERMUTE)
+
+_ASYNC_SUFFIX = "-start"
+
+# Bits per element; sub-byte types are packed, so sizes are rounded up per array.
+_ELEMENT_BITS: dict[str, int] = {
+    "pred": 8, "s8": 8, "u8": 8,
+    "s1": 1, "u1": 1, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "f4e2m1fn": 4,
+    "f16": 16, "bf16": 16, "s16": 16, "u16": 16,
+    "f32": 32, "s32": 32, "u32": 32,
+    "f64": 64, "s64": 64, "u64": 64, "c64": 64,
+    "c128": 128,
+    # Tokens and opaque handles carry no data.
+    "token": 0, "opaque": 0,
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class HloCollective:
+    """One collective instruction of a compiled HLO module."""
+
+    kind: str  # one of COLLECTIVE_KINDS
+    group_size: int  # devices per replica group (collective-permute: devices in the module)
+    buffer_bytes: int  # the S of the ring accounting (per-device result, tuples summed)
+    bytes_per_device: float  # bytes each device sends
+    shape: str  # result shape without layouts, e.g. "f32[8,64]" or "(f32[1,4], f32[1,4])"
+    op_name: str  # metadata op_name, "" when absent
+    line: str  # the raw HLO instruction (stripped; continuation lines joined)
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """A parsed HLO shape: an array, or a tuple of shapes (``elements`` is not None)."""
+
+    text: str
+    nbytes: int
+    elements: tuple[_Shape, ...] | None = None
+
+
+_ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
+_WS_RE = re.compile(r"\s*")
+
+
+def _element_bits(dtype: str) -> int:
+    """Bits per element of an HLO primitive type (every f8 variant is one byte)."""
+    if dtype.startswith("f8"):
+        return 8
+    if dtype not in _ELEMENT_BITS:
+        raise ValueError(f"unknown HLO element type {dtype!r}")
+    return _ELEMENT_BITS[dtype]
+
+
+def _dim_size(dim: str) -> int:
+    """Size of one dimension; a bounded dynamic ``<=8`` is counted at its bound."""
+    dim = dim.strip().removeprefix("<=")
+    if not dim.isdigit():
+        raise ValueError(f"cannot size HLO dimension {dim!r}")
+    return int(dim)
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    match = _WS_RE.match(text, pos)
+    return match.end() if match else pos
+
+
+def _matching_close(text: str, pos: int, open_ch: str, close_ch: str) -> int:
+    """Index of the bracket closing the one at ``pos`` (brackets inside quotes are ignored)."""
+    depth = 0
+    in_quote = False
+    for i in range(pos, len(text)):
+        ch = text[i]
+        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
+            in_quote = not in_quote
+        elif in_quote:
+            continue
+        elif ch == open_ch:
+            depth += 1
+        elif ch == close_ch:
+            depth -= 1
+            if depth == 0:
+                return i
+    raise ValueError(f"unbalanced {open_ch!r} in HLO text: {text[pos : pos + 80]!r}")
+
+
+def _parse_array(text: str, pos: int) -> tuple[_Shape, int]:
+    match = _ARRAY_RE.match(text, pos)
+    if match is None:
+        raise ValueError(f"expected an HLO shape at {text[pos : pos + 40]!r}")
+    dtype, dims_text = match.groups()
+    pos = match.end()
+    # Skip the layout, e.g. {1,0} or {1,0:T(8,128)S(1)}; it does not change the byte count.
+    if pos < len(text) and text[pos] == "{":
+        pos = _matching_close(text, pos, "{", "}") + 1
+    dims = [_dim_size(d) for d in dims_text.split(",")] if dims_text.strip() else []
+    nbytes = (math.prod(dims) * _element_bits(dtype) + 7) // 8
+    return _Shape(f"{dtype}[{dims_text.replace(' ', '')}]", nbytes), pos
+
+
+def _parse_tuple(text: str, pos: int) -> tuple[_Shape, int]:
+    elements: list[_Shape] = []
+    pos = _skip_ws(text, pos + 1)
+    if text.startswith(")", pos):
+        return _Shape("()", 0, ()), pos + 1
+    while True:
+        element, pos = _parse_shape(text, pos)
+        elements.append(element)
+        pos = _skip_ws(text, pos)
+        if text.startswith(",", pos):
+            pos += 1
+        elif text.startswith(")", pos):
+            pos += 1
+            break
+        else:
+            raise ValueError(f"malformed HLO tuple shape near {text[pos : pos + 40]!r}")
+    shape_text = "(" + ", ".join(e.text for e in elements) + ")"
+    return _Shape(shape_text, sum(e.nbytes for e in elements), tuple(elements)), pos
+
+
+def _parse_shape(text: str, pos: int) -> tuple[_Shape, int]:
+    """Parse the shape starting at ``pos``; returns it and the index just past it."""
+    pos = _skip_ws(text, pos)
+    if text.startswith("(", pos):
+        return _parse_tuple(text, pos)
+    return _parse_array(text, pos)
+
+
+def shape_bytes(shape_text: str) -> int:
+    """Bytes of an HLO shape text, tuples summed: ``shape_bytes("(f32[2], bf16[4])") == 16``."""
+    return _parse_shape(_strip_comments(shape_text), 0)[0].nbytes
+
+
+# --------------------------------------------------------------------------------------------
+# Instructions and computations
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Instruction:
+    name: str
+    shape: _Shape
+    opcode: str
+    attrs: str  # everything after the operand list
+    line: str
+    computation: str  # name of the enclosing computation ("" outside any)
+
+
+_INSTR_RE = re.compile(r"^(?:ROOT\s+)?%?(?P<name>[^\s=(){}]+)\s*=\s*")
+_OPCODE_RE = re.compile(r"\s*(?P<opcode>[a-z][a-z0-9\-]*)\(")
+_HEADER_RE = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(){}]+)")
+_INDEX_COMMENT_RE = re.compile(r"/\*index=\d+\*/")
+_QUOTED_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
+_CALLS_RE = re.compile(r"\bcalls=%?(?P<name>[^\s,{}()]+)")
+# Cheap filter on the unquoted text: an opcode follows the shape after a space, while operand
+# names follow "%" or "(", so only lines that call a collective opcode are parsed in full.
+_CANDIDATE_RE = re.compile(
+    r"\s(?:all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
+)
+# Joining stops after this many physical lines, so that a stray bracket cannot swallow the
+# rest of the module (and the collectives in it) into one "instruction".
+_MAX_JOINED_LINES = 64
+
+
+def _strip_comments(text: str) -> str:
+    """Drop the ``/*index=5*/`` markers XLA inserts into long tuples and operand lists."""
+    return _INDEX_COMMENT_RE.sub("", text)
+
+
+def _bracket_depth(text: str) -> int:
+    unquoted = _QUOTED_RE.sub("", text)
+    opens = sum(unquoted.count(ch) for ch in "({[")
+    closes = sum(unquoted.count(ch) for ch in ")}]")
+    return opens - closes
+
+
+def _logical_lines(hlo_text: str) -> Iterator[str]:
+    """Stripped lines, with an instruction split over several lines joined back into one."""
+    pending = ""
+    joined = 0
+    for raw in hlo_text.splitlines():
+        line = raw.strip()
+        pending = f"{pending} {line}" if pending else line
+        joined += 1
+        # An instruction goes on while a bracket is open or its last attribute ends in ",".
+        unfinished = _bracket_depth(pending) > 0 or pending.endswith(",")
+        if _INSTR_RE.match(pending) and unfinished and joined < _MAX_JOINED_LINES:
+            continue
+        if pending:
+            yield pending
+        pending = ""
+        joined = 0
+    if pending:
+        yield pending
+
+
+def _parse_instruction(line: str, computation: str) -> _Instruction | None:
+    """Parse ``%name = shape opcode(operands), attrs``; None for lines that are not one."""
+    head = _INSTR_RE.match(line)
+    if head is None:
+        return None
+    # The index comments come after the name, so the head ends at the same offset in ``text``.
+    text = _strip_comments(line)
+    shape, pos = _parse_shape(text, head.end())
+    opcode_match = _OPCODE_RE.match(text, pos)
+    if opcode_match is None:
+        raise ValueError(f"no opcode after the shape in HLO line: {line!r}")
+    close = _matching_close(text, opcode_match.end() - 1, "(", ")")
+    return _Instruction(
+        name=head.group("name"),
+        shape=shape,
+        opcode=opcode_match.group("opcode"),
+        attrs=text[close + 1 :],
+        line=line,
+        computation=computation,
+    )
+
+
+def _instructions(hlo_text: str) -> Iterator[_Instruction]:
+    """Collective-looking instructions of the module, tagged with their computation."""
+    computation = ""
+    for line in _logical_lines(hlo_text):
+        if line.startswith("}"):
+            computation = ""
+            continue
+        is_instruction = _INSTR_RE.match(line) is not None
+        if not is_instruction and line.endswith("{"):
+            header = _HEADER_RE.match(line)
+            computation = header.group("name") if header else ""
+            continue
+        if is_instruction and _CANDIDATE_RE.search(_QUOTED_RE.sub("", line)):
+            instruction = _parse_instruction(line, computation)
+            if instruction is not None:
+                yield instruction
+
+
+def _collective_kind(opcode: str) -> tuple[str, bool] | None:
+    """(kind, is_async_start) for a collective opcode; None for anything else (incl. -done)."""
+    if opcode in COLLECTIVE_KINDS:
+        return opcode, False
+    base = opcode.removesuffix(_ASYNC_SUFFIX)
+    if opcode.endswith(_ASYNC_SUFFIX) and base in COLLECTIVE_KINDS:
+        return base, True
+    return None
+
+
+def _result_shape(kind: str, is_start: bool, shape: _Shape) -> _Shape:
+    """The collective's result part of its printed shape.
+
+    ``all-reduce-start`` has the all-reduce's own shape. Every other ``-start`` prints a tuple
+    whose element 1 is the result: ``(operand, result)`` for all-gather, ``(operand, result,
+    u32[], u32[])`` for collective-permute, ``((operands), result, ...)`` for the generic async
+    wrappers of reduce-scatter and all-to-all.
+    """
+    if not is_start or kind == ALL_REDUCE:
+        return shape
+    if shape.elements is not None and len(shape.elements) >= 2:
+        return shape.elements[1]
+    return shape
+
+
+# --------------------------------------------------------------------------------------------
+# Replica groups
+# --------------------------------------------------------------------------------------------
+
+_REPLICA_GROUPS_RE = re.compile(r"(?:^|[\s,])replica_groups=")
+_IOTA_RE = re.compile(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_MESH_RE = re.compile(r"mesh\[(?P<axes>[^\]]*)\]")
+_MAXIMAL_MESH_RE = re.compile(r"maximal_mesh\[[^\]]*\]")
+_DEVICE_IDS_RE = re.compile(r"\s*,?\s*device_ids=\(")
+_MESH_AXIS_REF_RE = re.compile(r"^'?(?P<name>[^':]+)'?(?::\((?P<pre>\d+)\)(?P<size>\d+))?$")
+_PAIRS_RE = re.compile(r"source_target_pairs=\{")
+_PAIR_RE = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
+_OP_NAME_RE = re.compile(r'\bop_name="(?P<name>(?:[^"\\]|\\.)*)"')
+
+
+def _explicit_group_size(text: str, num_devices: int) -> int:
+    """``{{0,1},{2,3}}``: size of the first group (all must match); ``{}`` is every device."""
+    body = text[1 : _matching_close(text, 0, "{", "}")]
+    groups = re.findall(r"\{([^{}]*)\}", body)
+    if not groups:
+        return num_devices
+    sizes = {len([d for d in g.split(",") if d.strip()]) for g in groups}
+    if len(sizes) != 1:
+        raise ValueError(f"replica groups of unequal sizes {sorted(sizes)}: {text[:120]!r}")
+    return sizes.pop()
+
+
+def _iota_group_size(text: str) -> int:
+    """``[groups,size]<=[dims]T(perm)``: the second number of the first bracket."""
+    match = _IOTA_RE.match(text)
+    if match is None:
+        raise ValueError(f"malformed iota replica groups: {text[:80]!r}")
+    num_groups, size = int(match.group(1)), int(match.group(2))
+    total = math.prod(int(d) for d in match.group(3).split(","))
+    if num_groups * size != total:
+        raise ValueError(f"iota replica groups {num_groups}x{size} do not cover {total} devices")
+    return size
+
+
+def _mesh_axis_sizes(axes_text: str) -> dict[str, int]:
+    """``'axis_0'=2,'axis_1'=4`` (names quoted or not) -> {"axis_0": 2, "axis_1": 4}."""
+    sizes: dict[str, int] = {}
+    for item in axes_text.split(","):
+        name, _, size = item.rpartition("=")
+        sizes[name.strip().strip("'")] = int(size)
+    return sizes
+
+
+def _mesh_group_size(text: str) -> int:
+    """``mesh[...] [, device_ids=(...)] {axes}``: product of the selected (sub-)axis sizes."""
+    maximal = _MAXIMAL_MESH_RE.match(text)
+    if maximal is not None:
+        return 1  # a single-device mesh: every group is one device
+    match = _MESH_RE.match(text)
+    if match is None:
+        raise ValueError(f"malformed mesh replica groups: {text[:80]!r}")
+    axis_sizes = _mesh_axis_sizes(match.group("axes"))
+    pos = match.end()
+    # The device order (iota or a list) only permutes devices; it cannot change group sizes.
+    device_ids = _DEVICE_IDS_RE.match(text, pos)
+    if device_ids is not None:
+        pos = _matching_close(text, device_ids.end() - 1, "(", ")") + 1
+    pos = _skip_ws(text, pos)
+    if not text.startswith("{", pos):
+        raise ValueError(f"mesh replica groups without an axis list: {text[:120]!r}")
+    selected = text[pos + 1 : _matching_close(text, pos, "{", "}")]
+    size = 1
+    for ref in filter(None, (r.strip() for r in selected.split(","))):
+        size *= _mesh_axis_ref_size(ref, axis_sizes)
+    return size
+
+
+def _mesh_axis_ref_size(ref: str, axis_sizes: dict[str, int]) -> int:
+    """``'axis_1'`` -> full axis size; ``'axis_0':(2)2`` -> sub-axis size (after the paren)."""
+    match = _MESH_AXIS_REF_RE.match(ref)
+    if match is None or match.group("name") not in axis_sizes:
+        raise ValueError(f"unknown mesh axis reference {ref!r} (mesh axes {axis_sizes})")
+    if match.group("size") is not None:
+        return int(match.group("size"))
+    return axis_sizes[match.group("name")]
+
+
+def replica_group_size(attrs: str, num_devices: int) -> int:
+    """Devices per replica group named by the ``replica_groups=`` attribute in ``attrs``.
+
+    With no attribute at all the collective spans every device.
+    """
+    match = _REPLICA_GROUPS_RE.search(attrs)
+    if match is None:
+        return num_devices
+    text = attrs[match.end() :]
+    if text.startswith("{"):
+        return _explicit_group_size(text, num_devices)
+    if text.startswith("["):
+        return _iota_group_size(text)
+    if text.startswith(("mesh[", "maximal_mesh[")):
+        return _mesh_group_size(text)
+    raise ValueError(f"unrecognised replica_groups format: {text[:80]!r}")
+
+
+def _moving_fraction(attrs: str, num_devices: int) -> float:
+    """Fraction of devices that send to a *different* device in ``source_target_pairs``."""
+    match = _PAIRS_RE.search(attrs)
+    if match is None:
+        raise ValueError(f"collective-permute without source_target_pairs: {attrs[:120]!r}")
+    body = attrs[match.end() - 1 : _matching_close(attrs, match.end() - 1, "{", "}") + 1]
+    pairs = [(int(s), int(t)) for s, t in _PAIR_RE.findall(body)]
+    if num_devices <= 0:
+        return 0.0
+    return sum(1 for s, t in pairs if s != t) / num_devices
+
+
+# --------------------------------------------------------------------------------------------
+# Accounting and public API
+# --------------------------------------------------------------------------------------------
+
+
+def ring_bytes_per_device(kind: str, group_size: int, buffer_bytes: int) -> float:
+    """Bytes each device sends for one collective (collective-permute: see `_moving_fraction`).
+
+    For collective-permute this returns the full buffer; the caller scales it by the fraction
+    of devices that actually move data.
+    """
+    n = group_size
+    if n <= 1:
+        return 0.0
+    if kind == ALL_REDUCE:
+        return 2.0 * (n - 1) / n * buffer_bytes
+    if kind in (ALL_GATHER, ALL_TO_ALL):
+        return (n - 1) / n * buffer_bytes
+    if kind == REDUCE_SCATTER:
+        return float((n - 1) * buffer_bytes)
+    if kind == COLLECTIVE_PERMUTE:
+        return float(buffer_bytes)
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def _to_collective(instruction: _Instruction, num_devices: int) -> HloCollective | None:
+    kind_info = _collective_kind(instruction.opcode)
+    if kind_info is None:
+        return None
+    kind, is_start = kind_info
+    result = _result_shape(kind, is_start, instruction.shape)
+    if kind == COLLECTIVE_PERMUTE:
+        group_size = num_devices
+        fraction = _moving_fraction(instruction.attrs, num_devices) if num_devices > 1 else 0.0
+        sent = ring_bytes_per_device(kind, group_size, result.nbytes) * fraction
+    else:
+        group_size = replica_group_size(instruction.attrs, num_devices)
+        sent = ring_bytes_per_device(kind, group_size, result.nbytes)
+    op_name = _OP_NAME_RE.search(instruction.attrs)
+    return HloCollective(
+        kind=kind,
+        group_size=group_size,
+        buffer_bytes=result.nbytes,
+        bytes_per_device=sent,
+        shape=result.text,
+        op_name=op_name.group("name") if op_name else "",
+        line=instruction.line,
+    )
+
+
+def _sugared_async_bodies(instructions: list[_Instruction]) -> set[str]:
+    """Computations wrapped by a collective ``X-start`` that is itself counted.
+
+    XLA normally hides such a wrapped computation when it prints the sugared ``X-start``; if
+    it is printed anyway, the collective inside must not be counted a second time.
+    """
+    bodies: set[str] = set()
+    for instruction in instructions:
+        kind_info = _collective_kind(instruction.opcode)
+        if kind_info is not None and kind_info[1]:
+            bodies.update(m.group("name") for m in _CALLS_RE.finditer(instruction.attrs))
+    return bodies
+
+
+def parse_collectives(hlo_text: str, num_devices: int) -> list[HloCollective]:
+    """Every collective instruction of an HLO module's text, in textual order.
+
+    ``num_devices`` is the number of devices the module runs on (``num_partitions`` times
+    ``replica_count``); it sizes ``replica_groups={}`` and collective-permutes.
+    """
+    instructions = list(_instructions(hlo_text))
+    skipped = _sugared_async_bodies(instructions)
+    collectives = []
+    for instruction in instructions:
+        if instruction.computation in skipped:
+            continue
+        collective = _to_collective(instruction, num_devices)
+        if collective is not None:
+            collectives.append(collective)
+    return collectives
+
+
+def collective_summary(colls: list[HloCollective]) -> dict[str, dict]:
+    """kind -> {"count": int, "bytes_per_device": float}, for the kinds present, sorted."""
+    summary: dict[str, dict] = {}
+    for coll in sorted(colls, key=lambda c: c.kind):
+        entry = summary.setdefault(coll.kind, {"count": 0, "bytes_per_device": 0.0})
+        entry["count"] += 1
+        entry["bytes_per_device"] += coll.bytes_per_device
+    return summary
+
+
+_MODULE_HEADER_RE = re.compile(r"^\s*HloModule\b.*$", re.MULTILINE)
+
+
+def module_device_count(hlo_text: str) -> int:
+    """Devices of a module: ``num_partitions`` x ``replica_count`` from its header (default 1)."""
+    header = _MODULE_HEADER_RE.search(hlo_text)
+    if header is None:
+        raise ValueError("no HloModule header line in the HLO text")
+    line = _QUOTED_RE.sub("", header.group(0))
+    partitions = re.search(r"\bnum_partitions=(\d+)", line)
+    replicas = re.search(r"\breplica_count=(\d+)", line)
+    return (int(partitions.group(1)) if partitions else 1) * (
+        int(replicas.group(1)) if replicas else 1
+    )
+
+
+def compiled_collectives(compiled: Any) -> list[HloCollective]:
+    """Collectives of a ``jax.stages.Compiled``, sized by the device count in its HLO header."""
+    hlo_text = compiled.as_text()
+    if not hlo_text:
+        raise ValueError("the compiled object has no HLO text (as_text() returned nothing)")
+    return parse_collectives(hlo_text, module_device_count(hlo_text))

@@ -1,0 +1,129 @@
+"""Tests for the ``models`` zoo: abstract args, concrete args and a few real training steps."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import models
+
+
+def _leaf_signature(tree) -> list[tuple[tuple[int, ...], np.dtype, bool]]:
+    return [
+        (tuple(x.shape), jnp.dtype(x.dtype), bool(getattr(x, "weak_type", False)))
+        for x in jax.tree.leaves(tree)
+    ]
+
+
+@pytest.fixture(scope="module", params=models.NAMES)
+def small_example(request) -> models.Example:
+    # Module scope: building (and tracing init for) an example once per name keeps tests fast.
+    return models.get(request.param, small=True)
+
+
+def test_names_registered():
+    assert set(models.NAMES) >= {"mlp", "cnn", "lenet5", "gpt_small", "nnx_mlp", "soybean_mlp"}
+    assert len(set(models.NAMES)) == len(models.NAMES)
+
+
+def test_unknown_name_raises():
+    with pytest.raises(KeyError, match="unknown model"):
+        models.get("no_such_model")
+
+
+def test_args_are_abstract(small_example):
+    for leaf in jax.tree.leaves(small_example.args):
+        assert isinstance(leaf, jax.ShapeDtypeStruct)
+    assert small_example.name in models.NAMES
+
+
+def test_default_small_batch_divisible_by_8(small_example):
+    for leaf in jax.tree.leaves(small_example.args[1]):
+        assert leaf.shape[0] % 8 == 0
+
+
+def test_make_args_matches_args(small_example):
+    concrete = small_example.make_args(0)
+    assert jax.tree.structure(concrete) == jax.tree.structure(small_example.args)
+    assert _leaf_signature(concrete) == _leaf_signature(small_example.args)
+
+
+def test_make_args_deterministic(small_example):
+    a = small_example.make_args(3)
+    b = small_example.make_args(3)
+    c = small_example.make_args(4)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert any(
+        not np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(c[1]), strict=True)
+    )
+
+
+def test_step_trains(small_example):
+    device = jax.devices()[0]
+    state, batch = jax.device_put(small_example.make_args(0), device)
+    step = jax.jit(small_example.step)
+    state0 = state
+    losses = []
+    for _ in range(4):
+        state, metrics = step(state, batch)
+        loss = metrics["loss"]
+        assert loss.shape == () and loss.dtype == jnp.float32
+        assert loss.devices() == {device}
+        losses.append(float(loss))
+    assert np.all(np.isfinite(losses))
+    # losses[i] is measured before update i, so 3 updates separate losses[0] and losses[3].
+    assert losses[3] < losses[0], losses
+    # The step must return a state of the same structure/shapes it was given.
+    assert jax.tree.structure(state) == jax.tree.structure(state0)
+    assert _leaf_signature(state) == _leaf_signature(state0)
+    changed = [
+        not np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(jax.tree.leaves(state0), jax.tree.leaves(state), strict=True)
+    ]
+    assert any(changed)
+
+
+def test_step_traces_abstractly(small_example):
+    jaxpr = jax.make_jaxpr(small_example.step)(*small_example.args)
+    assert len(jaxpr.jaxpr.eqns) > 0
+    out_state, out_metrics = jax.eval_shape(small_example.step, *small_example.args)
+    assert _leaf_signature(out_state) == _leaf_signature(small_example.args[0])
+    assert out_metrics["loss"].shape == () and out_metrics["loss"].dtype == jnp.float32
+
+
+@pytest.mark.parametrize("name", models.NAMES)
+def test_batch_override(name):
+    ex = models.get(name, batch=24, small=True)
+    for leaf in jax.tree.leaves(ex.args[1]):
+        assert leaf.shape[0] == 24
+
+
+@pytest.mark.parametrize("name", models.NAMES)
+def test_full_config_is_abstract(name):
+    # Full-size configs must be describable without allocating parameters (eval_shape only).
+    ex = models.get(name)
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(ex.args))
+    small = models.get(name, small=True)
+    assert jax.tree.leaves(ex.args[1])[0].shape[0] % 8 == 0
+    n_full = sum(x.size for x in jax.tree.leaves(ex.args[0]))
+    n_small = sum(x.size for x in jax.tree.leaves(small.args[0]))
+    assert n_full >= n_small
+
+
+def test_soybean_full_batch():
+    ex = models.get("soybean_mlp")
+    assert ex.args[1]["x"].shape == (400, 320)
+    assert ex.args[1]["y"].shape == (400,)
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt_small"])
+def test_bfloat16_loss_is_f32(name):
+    ex = models.get(name, small=True, dtype=jnp.bfloat16)
+    state, batch = ex.make_args(0)
+    _, metrics = jax.jit(ex.step)(state, batch)
+    assert metrics["loss"].dtype == jnp.float32
+    assert np.isfinite(float(metrics["loss"]))
