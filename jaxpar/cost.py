@@ -403,13 +403,21 @@ def _valid_tensor_dims(ng: NodeGraph, node: Node) -> list[tuple[int, int]]:
 
 
 def node_configs(ng: NodeGraph, node: Node, params: CostParams) -> list[Config]:
-    """Candidate configurations of a node (the "comm" objective keeps full-degree ones)."""
+    """Candidate configurations of a node.
+
+    Under the "comm" objective (SoyBean's problem) every contraction is split over the whole
+    mesh: dot_general / conv_general_dilated nodes keep only configurations of full degree.
+    """
     sizes = params.mesh.sizes
     replicated = (-1,) * len(sizes)
     if node.fixed:
         return [replicated]
     cfgs = enumerate_configs(node.space, sizes, _valid_tensor_dims(ng, node))
-    if params.objective == "comm":
+    contraction = node.anchor >= 0 and ng.program.eqns[node.anchor].primitive in (
+        "dot_general",
+        "conv_general_dilated",
+    )
+    if params.objective == "comm" and contraction:
         full = [c for c in cfgs if all(d >= 0 for d in c)]
         cfgs = full or cfgs
     return cfgs or [replicated]
@@ -436,16 +444,59 @@ def edge_uses(ng: NodeGraph, feedback: Sequence[tuple[int, int]]) -> list[EdgeUs
     return uses
 
 
-def use_cost_table(ng: NodeGraph, use: EdgeUse, configs: list[list[Config]], params: CostParams):
-    """t_X of one read for every (producer config, reader config) pair."""
-    tensor = ng.program.tensors[use.tensor]
-    if tensor.opaque or not tensor.shape:
-        return np.zeros((len(configs[use.src]), len(configs[use.dst])))
-    src_specs = [spec_of(use.src_map, c) for c in configs[use.src]]
-    dst_specs = [spec_of(use.dst_map, c) for c in configs[use.dst]]
-    su, si = np.unique(np.array([str(s) for s in src_specs]), return_index=True, return_inverse=True)[1:]
-    du, di = np.unique(np.array([str(s) for s in dst_specs]), return_index=True, return_inverse=True)[1:]
-    small = np.array(
-        [[reshard_cost(tensor.nbytes, src_specs[a], dst_specs[b], params) for b in du] for a in su]
-    )
-    return small[np.ix_(si, di)]
+class ReshardTables:
+    """t_X tables for reads, with caches: layers repeat, and so do their tables.
+
+    A dict keyed by (bytes, src, dst) answers single reshard costs; a second cache returns the
+    whole table for a repeated (bytes, producer layouts, reader layouts) pattern.
+    """
+
+    def __init__(self, ng: NodeGraph, configs: list[list[Config]], params: CostParams):
+        self.ng, self.configs, self.params = ng, configs, params
+        self.single: dict[tuple, float] = {}
+        self.tables: dict[tuple, np.ndarray] = {}
+        self.specs: dict[tuple[int, DimMap], tuple[list[Spec], np.ndarray]] = {}
+
+    def _layouts(self, node: int, dim_map: DimMap) -> tuple[list[Spec], np.ndarray]:
+        """Distinct layouts of a tensor over a node's configs, and each config's layout index."""
+        key = (node, dim_map)
+        if key not in self.specs:
+            index: dict[Spec, int] = {}
+            inverse = [index.setdefault(spec_of(dim_map, c), len(index)) for c in self.configs[node]]
+            self.specs[key] = (list(index), np.array(inverse, dtype=np.int64))
+        return self.specs[key]
+
+    def _linear(self, src: Spec, dst: Spec) -> tuple[float, float]:
+        """(latency term, per-byte term) of a reshard: t_X = latency + bytes · per_byte."""
+        key = (src, dst)
+        value = self.single.get(key)
+        if value is None:
+            mesh = self.params.mesh
+            steps = reshard_path(1, src, dst, mesh.sizes)
+            if self.params.objective == "comm":
+                value = (0.0, sum(s.nbytes for s in steps))
+            else:
+                moving = [s for s in steps if s.kind != "slice"]
+                lat = sum(mesh.latency[s.axis] * ring_steps(s.kind, mesh.sizes[s.axis]) for s in moving)
+                value = (lat, sum(s.nbytes / mesh.bandwidth[s.axis] for s in moving))
+            self.single[key] = value
+        return value
+
+    def table(self, use: EdgeUse) -> np.ndarray:
+        """t_X of one read for every (producer config, reader config) pair."""
+        tensor = self.ng.program.tensors[use.tensor]
+        n_src, n_dst = len(self.configs[use.src]), len(self.configs[use.dst])
+        if tensor.opaque or not tensor.shape:
+            return np.zeros((n_src, n_dst))
+        src_specs, si = self._layouts(use.src, use.src_map)
+        dst_specs, di = self._layouts(use.dst, use.dst_map)
+        key = (tuple(src_specs), tuple(dst_specs))
+        pair = self.tables.get(key)
+        if pair is None:
+            lin = [[self._linear(a, b) for b in dst_specs] for a in src_specs]
+            pair = self.tables[key] = (
+                np.array([[x[0] for x in row] for row in lin]),
+                np.array([[x[1] for x in row] for row in lin]),
+            )
+        small = pair[0] + float(tensor.nbytes) * pair[1]
+        return small[np.ix_(si, di)]

@@ -39,7 +39,7 @@ from .cost import (
     reshard_path,
     spec_of,
     transfer_time,
-    use_cost_table,
+    ReshardTables,
 )
 from .graph import BACKWARD, FORWARD, UPDATE, Program, shape_str
 from .merge import NodeGraph, build_nodes
@@ -540,8 +540,9 @@ def make_plan(
     ]
     problem = Problem(unary=unary, edges={})
     uses = edge_uses(ng, pairs)
+    tables = ReshardTables(ng, configs, params)
     for use in uses:
-        problem.add_edge(use.src, use.dst, use_cost_table(ng, use, configs, params))
+        problem.add_edge(use.src, use.dst, tables.table(use))
     fwd = [n.index for n in ng.nodes if n.phase in (FORWARD, "input")]
     bwd = [n.index for n in ng.nodes if n.phase in (BACKWARD, UPDATE)]
     upd = [n.index for n in ng.nodes if n.phase in (UPDATE, "input")]

@@ -436,8 +436,15 @@ def gather_rule(eqn: Equation, program: Program) -> OpSpace:
     for d, od in zip(idx_dims, batch_out, strict=False):
         if idx[d] == os_[od]:
             idx_map[d] = od
-    if getattr(dn, "operand_batching_dims", ()):
-        return replicated_space(eqn, program)
+    # batching dims (take_along_axis): operand dim <-> indices dim <-> output batch dim
+    for ob, ib in zip(
+        getattr(dn, "operand_batching_dims", ()),
+        getattr(dn, "start_indices_batching_dims", ()),
+        strict=True,
+    ):
+        od = idx_map[ib]
+        if od is not None and src[ob] == os_[od]:
+            op_map[ob] = od
     return OpSpace(
         os_,
         (True,) * len(os_),
@@ -450,38 +457,50 @@ def gather_rule(eqn: Equation, program: Program) -> OpSpace:
 
 @register_rule("scatter-add", "scatter_add")
 def scatter_add_rule(eqn: Equation, program: Program) -> OpSpace:
-    """Embedding gradients: window dims follow the table; split scatter dims leave partial sums."""
+    """Embedding gradients: window dims follow the table; split scatter dims leave partial sums.
+
+    Batching dims (the transpose of take_along_axis) pair an operand dim with an update dim and
+    are split like any batch dim.
+    """
     dn = eqn.params["dimension_numbers"]
     os_ = _out_shape(eqn, program)
     idx = _shape(program, eqn.inputs[1])
     upd = _shape(program, eqn.inputs[2])
-    if getattr(dn, "operand_batching_dims", ()):
-        return replicated_space(eqn, program)
     window = tuple(dn.update_window_dims)
     inserted = set(dn.inserted_window_dims)
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    idx_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
     scatter_to = set(dn.scatter_dims_to_operand_dims)
     scat = [d for d in range(len(upd)) if d not in window]
+    ivd = dn.index_vector_dim if hasattr(dn, "index_vector_dim") else len(idx) - 1
+    idx_dims = [d for d in range(len(idx)) if d != ivd]
     n = len(os_)
-    sizes = tuple(os_) + tuple(upd[d] for d in scat)
-    splittable = tuple(d not in scatter_to for d in range(n)) + (True,) * len(scat)
-    op_map = tuple(d if d not in scatter_to else None for d in range(n))
+    sizes = list(os_)
+    names = list(_dim_names(n))
+    splittable = [d not in scatter_to for d in range(n)]
     upd_map: list[int | None] = [None] * len(upd)
-    operand_window = [d for d in range(n) if d not in inserted]
+    idx_map: list[int | None] = [None] * len(idx)
+    operand_window = [d for d in range(n) if d not in inserted and d not in op_batch]
     for ud, od in zip(window, operand_window, strict=False):
         if upd[ud] == os_[od] and od not in scatter_to:
             upd_map[ud] = od
-    for i, d in enumerate(scat):
-        upd_map[d] = n + i
-    ivd = dn.index_vector_dim if hasattr(dn, "index_vector_dim") else len(idx) - 1
-    idx_map: list[int | None] = [None] * len(idx)
-    for d, i in zip([d for d in range(len(idx)) if d != ivd], range(len(scat)), strict=False):
-        if idx[d] == sizes[n + i]:
-            idx_map[d] = n + i
-    names = _dim_names(n) + tuple(f"r{i}" for i in range(len(scat)))
+    for ud, idim in zip(scat, idx_dims, strict=False):
+        if idim in idx_batch:
+            it = op_batch[idx_batch.index(idim)]  # a batching dim: shared with the operand
+        else:
+            it = len(sizes)  # a scattered dim: split -> partial sums
+            sizes.append(upd[ud])
+            names.append(f"r{it - n}")
+            splittable.append(True)
+        if upd[ud] == sizes[it]:
+            upd_map[ud] = it
+        if idx[idim] == sizes[it]:
+            idx_map[idim] = it
+    op_map = tuple(d if d not in scatter_to else None for d in range(n))
     return OpSpace(
-        sizes,
-        splittable,
-        names,
+        tuple(sizes),
+        tuple(splittable),
+        tuple(names),
         (op_map, tuple(idx_map), tuple(upd_map)),
         (tuple(range(n)),),
         float(math.prod(upd)),
@@ -495,3 +514,19 @@ for _name in (
     "debug_callback"
 ).split():
     RULES[_name] = replicated_space
+
+
+@register_rule(
+    "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
+    "select_and_scatter_add", "select_and_gather_add",
+)
+def window_rule(eqn: Equation, program: Program) -> OpSpace:
+    """Pooling: dims the window slides over stay whole; dims with a unit window follow."""
+    p = eqn.params
+    win = p.get("window_dimensions", ())
+    strides = p.get("window_strides", (1,) * len(win))
+    pad = p.get("padding", ((0, 0),) * len(win))
+    fixed = {
+        d for d in range(len(win)) if win[d] != 1 or strides[d] != 1 or tuple(pad[d]) != (0, 0)
+    }
+    return _fixed_dims_rule(eqn, program, fixed)

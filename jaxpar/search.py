@@ -21,6 +21,7 @@ Pure: numpy only.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import math
 import time
@@ -131,9 +132,16 @@ def solve_exact(
     log_budget = math.log(table_budget)
     eliminated: list[tuple[int, list[int], np.ndarray]] = []
     max_table = 0.0
-    while adj:
-        v = min(adj, key=lambda x: (table_log(x), len(adj[x])))
-        if table_log(v) > log_budget:
+    # cheapest-table-first order, with a lazily invalidated heap
+    version = dict.fromkeys(adj, 0)
+    heap = [(table_log(v), len(adj[v]), v, 0) for v in adj]
+    heapq.heapify(heap)
+    while heap:
+        tl, _, v, ver = heapq.heappop(heap)
+        if v not in adj or ver != version[v]:
+            continue
+        if tl > log_budget:
+            heapq.heappush(heap, (tl, len(adj[v]), v, ver))
             break
         rest = sorted(adj[v])
         order = rest + [v]
@@ -147,13 +155,16 @@ def solve_exact(
                     var_factors[u].discard(key)
         joint = np.broadcast_to(joint, tuple(sizes[u] for u in order))
         max_table = max(max_table, float(joint.size))
-        best = joint.min(axis=-1)
         arg = joint.argmin(axis=-1)
+        best = np.take_along_axis(joint, arg[..., None], axis=-1)[..., 0]
         eliminated.append((v, rest, arg))
         del adj[v], var_factors[v]
         for u in rest:
             adj[u].discard(v)
             adj[u].update(w for w in rest if w != u)
+        for u in rest:
+            version[u] += 1
+            heapq.heappush(heap, (table_log(u), len(adj[u]), u, version[u]))
         if rest:
             key = tuple(rest)
             if key in factors:

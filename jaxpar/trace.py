@@ -124,7 +124,8 @@ class _Flattener:
             if body_key and body_key in eqn.params:
                 self.inline(eqn.params[body_key], eqn, env, stack)
                 continue
-            ins, lits = zip(*(self.read(env, a) for a in eqn.invars), strict=True) or ((), ())
+            read = [self.read(env, a) for a in eqn.invars]
+            ins, lits = [r[0] for r in read], [r[1] for r in read]
             outs = []
             for v in eqn.outvars:
                 tid = self.new_tensor(v.aval)

@@ -36,7 +36,9 @@ class CausalSelfAttention(nn.Module):
         batch, length, d_model = x.shape
         head_dim = d_model // self.num_heads
         kw = {"dtype": self.dtype, "param_dtype": self.dtype}
-        qkv = nn.Dense(3 * d_model, name="qkv", **kw)(x)
+        # no qkv bias: the key bias gets an exactly-zero gradient (softmax is shift-invariant),
+        # which Adam turns into rounding-noise-sized sign flips (ill-posed to compare numerically)
+        qkv = nn.Dense(3 * d_model, use_bias=False, name="qkv", **kw)(x)
         qkv = qkv.reshape(batch, length, 3, self.num_heads, head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
