@@ -32,7 +32,9 @@ def make_mesh(axes: dict[str, int], devices: Any = None) -> Mesh:
     ``axes``: ordered {name: size}; ``devices``: defaults to ``jax.devices()``.
     """
     if not isinstance(axes, dict) or not axes:
-        raise ValueError("make_mesh takes a non-empty dict of axis sizes, e.g. {'data': 2, 'model': 4}")
+        raise ValueError(
+            "make_mesh takes a non-empty dict of axis sizes, e.g. {'data': 2, 'model': 4}"
+        )
     devices = list(jax.devices() if devices is None else devices)
     need = int(np.prod(list(axes.values())))
     if need > len(devices):
@@ -61,7 +63,9 @@ def resolve_cluster(cluster: Any, mesh: Any) -> Cluster:
                 devs[0].platform, devs[0].device_kind, len(devs), devices_per_node=len(devs)
             )
         return Cluster.preset("cpu", devices=_abstract_size(mesh))
-    raise TypeError(f"cluster must be a Cluster, a preset name or None, not {type(cluster).__name__}")
+    raise TypeError(
+        f"cluster must be a Cluster, a preset name or None, not {type(cluster).__name__}"
+    )
 
 
 def _abstract_size(mesh: Any) -> int:
@@ -82,7 +86,7 @@ def _pins_from_specs(in_specs: Any, args: tuple, program: Program) -> dict[int, 
     """Flatten a pytree prefix of PartitionSpecs (None = free) onto the array arguments."""
     if in_specs is None:
         return {}
-    is_spec = lambda x: x is None or isinstance(x, jax.sharding.PartitionSpec)  # noqa: E731
+    is_spec = lambda x: x is None or isinstance(x, jax.sharding.PartitionSpec)
     try:
         expanded = tree_util.tree_map(
             lambda spec, sub: tree_util.tree_map(lambda _: spec, sub, is_leaf=lambda x: x is None),
@@ -155,7 +159,9 @@ def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
                 layouts[(tid, plan.tensor_specs[tid])] = value
             env[tid] = value
     results = []
-    for tid, lit, spec in zip(program.outvars, program.out_literals, plan.outvar_specs, strict=True):
+    for tid, lit, spec in zip(
+        program.outvars, program.out_literals, plan.outvar_specs, strict=True
+    ):
         results.append(lit if tid is None else read(tid, spec))
     return results
 
@@ -206,15 +212,19 @@ class AutoSharded:
             return self._last
         mesh = self._mesh()
         cluster = resolve_cluster(self.cluster, mesh)
-        plan = make_plan(
-            self.fn,
-            args,
-            mesh,
-            cluster,
-            self.options,
-            pins=None,
-            platform=mesh.devices.reshape(-1)[0].platform,
-        ) if self.in_specs is None else self._plan_with_pins(args, mesh, cluster)
+        plan = (
+            make_plan(
+                self.fn,
+                args,
+                mesh,
+                cluster,
+                self.options,
+                pins=None,
+                platform=mesh.devices.reshape(-1)[0].platform,
+            )
+            if self.in_specs is None
+            else self._plan_with_pins(args, mesh, cluster)
+        )
         in_sh = [plan.named(s) for s in plan.invar_specs]
         out_sh = [plan.named(s) for s in plan.outvar_specs]
         flat_donate = self._flat_donate(args)
@@ -241,7 +251,9 @@ class AutoSharded:
             return ()
         out, pos = [], 0
         for i, a in enumerate(args):
-            n = sum(1 for x in tree_util.tree_leaves(a, is_leaf=lambda x: x is None) if is_array_leaf(x))
+            n = sum(
+                1 for x in tree_util.tree_leaves(a, is_leaf=lambda x: x is None) if is_array_leaf(x)
+            )
             if i in self.donate_argnums:
                 out.extend(range(pos, pos + n))
             pos += n
@@ -257,12 +269,16 @@ class AutoSharded:
                     "call returned instead of reusing the old one"
                 )
             if isinstance(a, jax.ShapeDtypeStruct):
-                raise TypeError(f"argument {p} is a ShapeDtypeStruct; calling needs real arrays "
-                                "(use jaxpar.plan or .lower for abstract arguments)")
+                raise TypeError(
+                    f"argument {p} is a ShapeDtypeStruct; calling needs real arrays "
+                    "(use jaxpar.plan or .lower for abstract arguments)"
+                )
         out = []
         for a, s in zip(arrays, compiled.jitted_in_shardings(), strict=True):
-            if isinstance(a, jax.Array) and a.sharding != s and not a.sharding.is_equivalent_to(
-                s, a.ndim
+            if (
+                isinstance(a, jax.Array)
+                and a.sharding != s
+                and not a.sharding.is_equivalent_to(s, a.ndim)
             ):
                 a = jax.device_put(a, s)
             out.append(a)

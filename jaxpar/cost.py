@@ -215,8 +215,10 @@ def reshard_path(nbytes: int, src: Spec, dst: Spec, sizes: tuple[int, ...]) -> t
                     (
                         d2
                         for d2 in range(n_dims)
-                        if d2 != d and _is_prefix(cur[d2], dst[d2])
-                        and len(cur[d2]) < len(dst[d2]) and dst[d2][len(cur[d2])] == a
+                        if d2 != d
+                        and _is_prefix(cur[d2], dst[d2])
+                        and len(cur[d2]) < len(dst[d2])
+                        and dst[d2][len(cur[d2])] == a
                     ),
                     None,
                 )
@@ -246,7 +248,9 @@ def reshard_path(nbytes: int, src: Spec, dst: Spec, sizes: tuple[int, ...]) -> t
 
 def steps_time(steps: Sequence[Step], mesh: MeshAxes) -> float:
     return sum(
-        transfer_time(s.kind, s.nbytes, mesh.sizes[s.axis], mesh.bandwidth[s.axis], mesh.latency[s.axis])
+        transfer_time(
+            s.kind, s.nbytes, mesh.sizes[s.axis], mesh.bandwidth[s.axis], mesh.latency[s.axis]
+        )
         for s in steps
         if s.kind != "slice"
     )
@@ -303,7 +307,9 @@ def halo_bytes(node: Node, cfg: Config, ng: NodeGraph, sizes: Sequence[int]) -> 
         return 0.0
     eqn = ng.program.eqns[node.anchor]
     lhs = ng.program.tensors[eqn.inputs[0]]
-    shard = lhs.nbytes / max(1, degree(cfg, frozenset(d for d in sp.in_maps[0] if d is not None), sizes))
+    shard = lhs.nbytes / max(
+        1, degree(cfg, frozenset(d for d in sp.in_maps[0] if d is not None), sizes)
+    )
     total = 0.0
     for d, h in enumerate(sp.halo):
         deg = degree(cfg, frozenset([d]), sizes)
@@ -330,7 +336,9 @@ def member_compute_time(ng: NodeGraph, node: Node, cfg: Config, params: CostPara
             tensor = ng.program.tensors[t]
             nbytes += tensor.nbytes / shard_count(spec_of(mp, cfg), sizes)
         dtype = ng.program.tensors[eqn.outputs[0]].dtype
-        total += roofline_time(m.flops / deg, nbytes, params.flops_rate(dtype), params.mem_bandwidth)
+        total += roofline_time(
+            m.flops / deg, nbytes, params.flops_rate(dtype), params.mem_bandwidth
+        )
     return total
 
 
@@ -439,7 +447,9 @@ def edge_uses(ng: NodeGraph, feedback: Sequence[tuple[int, int]]) -> list[EdgeUs
     for out_t, in_t in feedback:
         src, dst = ng.node_of_tensor[out_t], ng.node_of_tensor[in_t]
         uses.append(
-            EdgeUse(src, dst, out_t, ng.nodes[src].tensor_maps[out_t], ng.nodes[dst].tensor_maps[in_t])
+            EdgeUse(
+                src, dst, out_t, ng.nodes[src].tensor_maps[out_t], ng.nodes[dst].tensor_maps[in_t]
+            )
         )
     return uses
 
@@ -462,7 +472,9 @@ class ReshardTables:
         key = (node, dim_map)
         if key not in self.specs:
             index: dict[Spec, int] = {}
-            inverse = [index.setdefault(spec_of(dim_map, c), len(index)) for c in self.configs[node]]
+            inverse = [
+                index.setdefault(spec_of(dim_map, c), len(index)) for c in self.configs[node]
+            ]
             self.specs[key] = (list(index), np.array(inverse, dtype=np.int64))
         return self.specs[key]
 
@@ -477,7 +489,9 @@ class ReshardTables:
                 value = (0.0, sum(s.nbytes for s in steps))
             else:
                 moving = [s for s in steps if s.kind != "slice"]
-                lat = sum(mesh.latency[s.axis] * ring_steps(s.kind, mesh.sizes[s.axis]) for s in moving)
+                lat = sum(
+                    mesh.latency[s.axis] * ring_steps(s.kind, mesh.sizes[s.axis]) for s in moving
+                )
                 value = (lat, sum(s.nbytes / mesh.bandwidth[s.axis] for s in moving))
             self.single[key] = value
         return value

@@ -91,7 +91,9 @@ def _broadcast_member(program: Program, eqn_index: int, out_map: DimMap) -> Memb
     dst = program.tensors[e.outputs[0]].shape
     bd = e.params["broadcast_dimensions"]
     op_map = tuple(out_map[bd[j]] if src[j] == dst[bd[j]] else None for j in range(len(src)))
-    return Member(e.index, (op_map,), (out_map,), 0.0, frozenset(d for d in out_map if d is not None))
+    return Member(
+        e.index, (op_map,), (out_map,), 0.0, frozenset(d for d in out_map if d is not None)
+    )
 
 
 def build_nodes(program: Program) -> NodeGraph:
@@ -107,7 +109,9 @@ def build_nodes(program: Program) -> NodeGraph:
         n = len(shape)
         ident = tuple(range(n))
         space = OpSpace(shape, (True,) * n, tuple(f"d{i}" for i in range(n)), (), (ident,), 0.0)
-        node = Node(len(nodes), space, [Member(-1, (), (ident,), 0.0, frozenset())], "input", "", -1)
+        node = Node(
+            len(nodes), space, [Member(-1, (), (ident,), 0.0, frozenset())], "input", "", -1
+        )
         node.invar = tid
         node.tensor_maps[tid] = ident
         node.fixed = _is_tiny(program, [tid])
@@ -139,7 +143,9 @@ def build_nodes(program: Program) -> NodeGraph:
                 space.in_maps,
                 space.out_maps,
                 space.flops,
-                frozenset(d for m in space.in_maps + space.out_maps if m for d in m if d is not None),
+                frozenset(
+                    d for m in space.in_maps + space.out_maps if m for d in m if d is not None
+                ),
             )
         else:
             in_maps = []
@@ -150,9 +156,11 @@ def build_nodes(program: Program) -> NodeGraph:
                 elif shp == out_shape:
                     in_maps.append(out_map)
                 else:
-                    in_maps.append(tuple(out_map[i] if s == out_shape[i] else None
-                                         for i, s in enumerate(shp)) if len(shp) == len(out_shape)
-                                   else (None,) * len(shp))
+                    in_maps.append(
+                        tuple(out_map[i] if s == out_shape[i] else None for i, s in enumerate(shp))
+                        if len(shp) == len(out_shape)
+                        else (None,) * len(shp)
+                    )
             member = Member(
                 e.index,
                 tuple(in_maps),

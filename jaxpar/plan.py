@@ -29,6 +29,7 @@ from .cost import (
     CostParams,
     EdgeUse,
     MeshAxes,
+    ReshardTables,
     Spec,
     edge_uses,
     halo_bytes,
@@ -39,7 +40,6 @@ from .cost import (
     reshard_path,
     spec_of,
     transfer_time,
-    ReshardTables,
 )
 from .graph import BACKWARD, FORWARD, UPDATE, Program, shape_str
 from .merge import NodeGraph, build_nodes
@@ -282,7 +282,12 @@ def mesh_description(mesh: Any) -> tuple[Any, tuple[str, ...], tuple[int, ...], 
             if not isinstance(name, str) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"mesh entry {name!r}: {size!r}; axes are name -> positive int")
         names, sizes = tuple(mesh), tuple(mesh.values())
-        return AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(names)), names, sizes, None
+        return (
+            AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(names)),
+            names,
+            sizes,
+            None,
+        )
     if isinstance(mesh, Mesh):
         ids = np.vectorize(lambda d: d.id)(mesh.devices)
         return mesh, tuple(mesh.axis_names), tuple(mesh.devices.shape), ids
@@ -329,7 +334,9 @@ def feedback_pairs(program: Program) -> list[tuple[int, int]]:
     return pairs
 
 
-def pinned_configs(ng: NodeGraph, pins: dict[int, PartitionSpec], names, sizes) -> dict[int, Config]:
+def pinned_configs(
+    ng: NodeGraph, pins: dict[int, PartitionSpec], names, sizes
+) -> dict[int, Config]:
     """Input node -> forced configuration from user PartitionSpecs; clear errors when impossible."""
     out: dict[int, Config] = {}
     for tid, pspec in pins.items():
@@ -436,8 +443,10 @@ def evaluate_plan(
             continue
         src = spec_of(use.src_map, configs[use.src][assignment[use.src]])
         dst = spec_of(use.dst_map, configs[use.dst][assignment[use.dst]])
-        reason = "state-feedback" if use.tensor in feedback and ng.nodes[use.dst].anchor < 0 else (
-            "reshard"
+        reason = (
+            "state-feedback"
+            if use.tensor in feedback and ng.nodes[use.dst].anchor < 0
+            else ("reshard")
         )
         for step in reshard_path(tensor.nbytes, src, dst, mesh.sizes):
             key = (use.tensor, step.after)
@@ -445,7 +454,9 @@ def evaluate_plan(
                 continue
             reached.add(key)
             a = step.axis
-            t = transfer_time(step.kind, step.nbytes, mesh.sizes[a], mesh.bandwidth[a], mesh.latency[a])
+            t = transfer_time(
+                step.kind, step.nbytes, mesh.sizes[a], mesh.bandwidth[a], mesh.latency[a]
+            )
             row = rows[use.dst]
             row["t_X"] += t
             row["bytes"] += step.nbytes

@@ -81,9 +81,7 @@ def replicated_space(eqn: Equation, program: Program) -> OpSpace:
         sizes=(),
         splittable=(),
         names=(),
-        in_maps=tuple(
-            None if t is None else (None,) * len(_shape(program, t)) for t in eqn.inputs
-        ),
+        in_maps=tuple(None if t is None else (None,) * len(_shape(program, t)) for t in eqn.inputs),
         out_maps=tuple((None,) * len(_out_shape(eqn, program, i)) for i in range(len(eqn.outputs))),
         flops=float(sum(program.tensors[t].size for t in eqn.outputs)),
         replicated=True,
@@ -118,7 +116,9 @@ def _identity_maps(eqn: Equation, program: Program, out_shape: tuple[int, ...]) 
         if len(shp) != len(out_shape):
             maps.append((None,) * len(shp))  # rank-0 scalar operands
         else:
-            maps.append(tuple(i if s == o else None for i, (s, o) in enumerate(zip(shp, out_shape))))
+            maps.append(
+                tuple(i if s == o else None for i, (s, o) in enumerate(zip(shp, out_shape)))
+            )
     return tuple(maps)
 
 
@@ -126,15 +126,89 @@ def _dim_names(n: int) -> tuple[str, ...]:
     return tuple(f"d{i}" for i in range(n))
 
 
-ELEMENTWISE = (
-    "add add_any sub mul div rem pow max min neg sign floor ceil round is_finite exp exp2 log "
-    "log1p expm1 tanh logistic sin cos tan asin acos atan atan2 sinh cosh asinh acosh atanh sqrt "
-    "rsqrt cbrt abs integer_pow square erf erfc erf_inv lgamma digamma igamma igammac "
-    "nextafter select_n clamp and or xor not eq ne lt le gt ge shift_left shift_right_logical "
-    "shift_right_arithmetic population_count convert_element_type copy copy_p reduce_precision "
-    "stop_gradient real imag conj complex imag sharding_constraint optimization_barrier "
-    "bessel_i0e bessel_i1e polygamma zeta clz"
-).split()
+ELEMENTWISE = [
+    "add",
+    "add_any",
+    "sub",
+    "mul",
+    "div",
+    "rem",
+    "pow",
+    "max",
+    "min",
+    "neg",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "is_finite",
+    "exp",
+    "exp2",
+    "log",
+    "log1p",
+    "expm1",
+    "tanh",
+    "logistic",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "atan2",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "abs",
+    "integer_pow",
+    "square",
+    "erf",
+    "erfc",
+    "erf_inv",
+    "lgamma",
+    "digamma",
+    "igamma",
+    "igammac",
+    "nextafter",
+    "select_n",
+    "clamp",
+    "and",
+    "or",
+    "xor",
+    "not",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "shift_left",
+    "shift_right_logical",
+    "shift_right_arithmetic",
+    "population_count",
+    "convert_element_type",
+    "copy",
+    "copy_p",
+    "reduce_precision",
+    "stop_gradient",
+    "real",
+    "imag",
+    "conj",
+    "complex",
+    "imag",
+    "sharding_constraint",
+    "optimization_barrier",
+    "bessel_i0e",
+    "bessel_i1e",
+    "polygamma",
+    "zeta",
+    "clz",
+]
 
 
 @register_rule(*ELEMENTWISE)
@@ -159,7 +233,9 @@ def iota_rule(eqn: Equation, program: Program) -> OpSpace:
     """No operands: any split of the result is computed locally."""
     shape = _out_shape(eqn, program)
     n = len(shape)
-    return OpSpace(shape, (True,) * n, _dim_names(n), (), (tuple(range(n)),), float(math.prod(shape)))
+    return OpSpace(
+        shape, (True,) * n, _dim_names(n), (), (tuple(range(n)),), float(math.prod(shape))
+    )
 
 
 @register_rule("broadcast_in_dim")
@@ -184,7 +260,12 @@ def transpose_rule(eqn: Equation, program: Program) -> OpSpace:
         op_map[in_dim] = out_dim
     n = len(shape)
     return OpSpace(
-        shape, (True,) * n, _dim_names(n), (tuple(op_map),), (tuple(range(n)),), float(math.prod(shape))
+        shape,
+        (True,) * n,
+        _dim_names(n),
+        (tuple(op_map),),
+        (tuple(range(n)),),
+        float(math.prod(shape)),
     )
 
 
@@ -273,7 +354,9 @@ def cumulative_rule(eqn: Equation, program: Program) -> OpSpace:
 def sort_rule(eqn: Equation, program: Program) -> OpSpace:
     sp = elementwise_rule(eqn, program)
     dim = eqn.params["dimension"]
-    return dataclasses.replace(sp, splittable=tuple(s and d != dim for d, s in enumerate(sp.splittable)))
+    return dataclasses.replace(
+        sp, splittable=tuple(s and d != dim for d, s in enumerate(sp.splittable))
+    )
 
 
 def _fixed_dims_rule(eqn: Equation, program: Program, fixed: set[int]) -> OpSpace:
@@ -303,7 +386,9 @@ def slicing_rule(eqn: Equation, program: Program) -> OpSpace:
         upd = _shape(program, eqn.inputs[1])
         fixed |= {d for d in range(len(shape)) if upd[d] != shape[d]}
     if eqn.primitive == "pad":
-        fixed |= {d for d, (lo, hi, it) in enumerate(eqn.params["padding_config"]) if lo or hi or it}
+        fixed |= {
+            d for d, (lo, hi, it) in enumerate(eqn.params["padding_config"]) if lo or hi or it
+        }
     return _fixed_dims_rule(eqn, program, fixed)
 
 
@@ -352,7 +437,12 @@ def dot_general_rule(eqn: Equation, program: Program) -> OpSpace:
     )
     flops = 2.0 * math.prod(sizes)
     return OpSpace(
-        sizes, (True,) * len(sizes), names, (tuple(lmap), tuple(rmap)), (tuple(range(n_out)),), flops
+        sizes,
+        (True,) * len(sizes),
+        names,
+        (tuple(lmap), tuple(rmap)),
+        (tuple(range(n_out)),),
+        flops,
     )
 
 
@@ -508,17 +598,34 @@ def scatter_add_rule(eqn: Equation, program: Program) -> OpSpace:
 
 
 # Control flow, custom calls and random-bit generation: one replicated node each (documented).
-for _name in (
-    "scan while cond custom_call random_bits random_seed random_wrap random_unwrap random_split "
-    "random_fold_in threefry2x32 rng_bit_generator rng_uniform pure_callback io_callback "
-    "debug_callback"
-).split():
+for _name in [
+    "scan",
+    "while",
+    "cond",
+    "custom_call",
+    "random_bits",
+    "random_seed",
+    "random_wrap",
+    "random_unwrap",
+    "random_split",
+    "random_fold_in",
+    "threefry2x32",
+    "rng_bit_generator",
+    "rng_uniform",
+    "pure_callback",
+    "io_callback",
+    "debug_callback",
+]:
     RULES[_name] = replicated_space
 
 
 @register_rule(
-    "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
-    "select_and_scatter_add", "select_and_gather_add",
+    "reduce_window_sum",
+    "reduce_window_max",
+    "reduce_window_min",
+    "reduce_window",
+    "select_and_scatter_add",
+    "select_and_gather_add",
 )
 def window_rule(eqn: Equation, program: Program) -> OpSpace:
     """Pooling: dims the window slides over stay whole; dims with a unit window follow."""

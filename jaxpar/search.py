@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -254,11 +253,21 @@ def solve(
     return best
 
 
-def brute_force(problem: Problem) -> tuple[list[int], float]:
-    """Enumerate every assignment (tests only: exponential)."""
+def brute_force(problem: Problem, chunk: int = 1 << 18) -> tuple[list[int], float]:
+    """Enumerate every assignment, vectorized in chunks (tests only: exponential)."""
+    sizes = [len(u) for u in problem.unary]
+    total = math.prod(sizes)
     best, best_val = None, math.inf
-    for cand in itertools.product(*(range(len(u)) for u in problem.unary)):
-        v = evaluate(problem, cand)
-        if v < best_val:
-            best, best_val = list(cand), v
+    for start in range(0, total, chunk):
+        flat = np.arange(start, min(total, start + chunk))
+        idx = np.unravel_index(flat, sizes)
+        cost = np.zeros(len(flat))
+        for i, u in enumerate(problem.unary):
+            cost += u[idx[i]]
+        for (i, j), t in problem.edges.items():
+            cost += t[idx[i], idx[j]]
+        k = int(np.argmin(cost))
+        if cost[k] < best_val:
+            best_val = float(cost[k])
+            best = [int(x[k]) for x in idx]
     return best, best_val

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .cost import Config
+from .graph import layer_from_param_path, param_labels
 from .merge import NodeGraph
 
 STRATEGIES = ("auto", "data", "model", "owt")
@@ -93,8 +94,23 @@ def baseline_assignment(
 
 
 def node_labels(ng: NodeGraph) -> list[str]:
-    """Layer label per node; input nodes take the label of their first labelled reader."""
+    """Layer label per node.
+
+    From the name stack where it names modules (linen). Contractions without one (Flax NNX
+    records only ``jvp()``) are labelled by the parameter path feeding them. Input nodes take the
+    label of their first labelled reader.
+    """
     labels = [n.label for n in ng.nodes]
+    origin = param_labels(ng.program)
+    for node in ng.nodes:
+        if labels[node.index] or node.anchor < 0:
+            continue
+        eqn = ng.program.eqns[node.anchor]
+        if eqn.primitive in ("dot_general", "conv_general_dilated"):
+            for t in eqn.inputs:
+                if t is not None and t in origin:
+                    labels[node.index] = layer_from_param_path(origin[t])
+                    break
     consumers = ng.program.consumers()
     for node in ng.nodes:
         if node.anchor >= 0 or labels[node.index]:

@@ -176,6 +176,7 @@ class _Flattener:
 
 def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
     """Trace ``fn(*args)`` to a flat Program; also return the output treedef."""
+    Signature.of(args)  # validates the static leaves
     arrays, paths, rebuild = split_args(args)
     out_tree_box: list[Any] = []
 
@@ -188,7 +189,7 @@ def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
     abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
     try:
         closed = jax.make_jaxpr(flat_fn)(*abstract)
-    except Exception as err:  # noqa: BLE001 - any tracing failure is reported the same way
+    except Exception as err:
         raise TraceError(
             f"could not trace {getattr(fn, '__name__', fn)!r} to a jaxpr: "
             f"{type(err).__name__}: {err}. jaxpar plans functions that jax.jit can trace: "

@@ -532,3 +532,56 @@ def compiled_collectives(compiled: Any) -> list[HloCollective]:
     if not hlo_text:
         raise ValueError("the compiled object has no HLO text (as_text() returned nothing)")
     return parse_collectives(hlo_text, module_device_count(hlo_text))
+
+
+@dataclasses.dataclass(frozen=True)
+class Fidelity:
+    """Predicted collectives of a plan against those in its compiled HLO."""
+
+    predicted_bytes: float  # bytes sent per device, predicted
+    hlo_bytes: float  # bytes sent per device, read from the HLO
+    predicted_kinds: frozenset[str]
+    hlo_kinds: frozenset[str]
+    text: str  # both lists, for failure messages
+
+    @property
+    def relative_error(self) -> float:
+        if self.hlo_bytes == 0:
+            return 0.0 if self.predicted_bytes == 0 else math.inf
+        return abs(self.predicted_bytes - self.hlo_bytes) / self.hlo_bytes
+
+    @property
+    def unexpected_kinds(self) -> frozenset[str]:
+        """Collective kinds XLA emitted that the plan did not predict."""
+        return self.hlo_kinds - self.predicted_kinds
+
+    def ok(self, tolerance: float = 0.10) -> bool:
+        close = self.relative_error <= tolerance or abs(self.predicted_bytes - self.hlo_bytes) < 64
+        return close and not self.unexpected_kinds
+
+
+def fidelity(predicted: list, compiled) -> Fidelity:
+    """Compare a plan's predicted collectives (``plan.collectives``) with the compiled program."""
+    hlo = compiled_collectives(compiled)
+    pred_lines = [
+        f"  {c.kind:<18} {c.bytes:>12.0f} B  axes={','.join(c.axes)} {c.tensor} ({c.reason}, "
+        f"{c.layer or c.phase})"
+        for c in predicted
+    ]
+    hlo_lines = [
+        f"  {h.kind:<18} {h.bytes_per_device:>12.0f} B  n={h.group_size} {h.shape} {h.op_name}"
+        for h in hlo
+    ]
+    pb = sum(c.bytes for c in predicted)
+    hb = sum(h.bytes_per_device for h in hlo)
+    text = "\n".join(
+        [
+            f"predicted ({len(predicted)}, {pb:.0f} B/device):",
+            *pred_lines,
+            f"compiled HLO ({len(hlo)}, {hb:.0f} B/device):",
+            *hlo_lines,
+        ]
+    )
+    return Fidelity(
+        pb, hb, frozenset(c.kind for c in predicted), frozenset(h.kind for h in hlo), text
+    )

@@ -1,0 +1,7 @@
+"""``python -m jaxpar demo``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

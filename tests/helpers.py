@@ -1,0 +1,37 @@
+"""Shared checks: numerical equivalence and plan-vs-HLO fidelity."""
+
+import jax
+import numpy as np
+
+from jaxpar.verify import fidelity
+
+
+def leaf_errors(out, ref):
+    """Per-leaf ||out - ref|| / ||ref|| (float64), with the leaf paths.
+
+    Norm-relative: Adam's first step is lr·sign(g), so an element whose gradient is at rounding
+    level may flip between two equally valid summation orders; the leaf norm does not care.
+    """
+    errs = []
+    flat_out = jax.tree_util.tree_flatten_with_path(out)[0]
+    for (path, a), r in zip(flat_out, jax.tree.leaves(ref), strict=True):
+        a = np.asarray(a, np.float64)
+        r = np.asarray(r, np.float64)
+        denom = np.linalg.norm(r)
+        err = np.linalg.norm(a - r) / denom if denom > 0 else np.linalg.norm(a - r)
+        errs.append((float(err), jax.tree_util.keystr(path)))
+    return errs
+
+
+def assert_equivalent(out, ref, rtol=1e-5):
+    worst = max(leaf_errors(out, ref))
+    assert worst[0] <= rtol, f"sharded step differs from unsharded: {worst}"
+
+
+def assert_fidelity(plan, compiled, tolerance=0.10):
+    fid = fidelity(plan.collectives, compiled)
+    assert fid.ok(tolerance), (
+        f"predicted vs compiled collectives: error {fid.relative_error:.1%}, unexpected kinds "
+        f"{sorted(fid.unexpected_kinds)}\n{fid.text}"
+    )
+    return fid
