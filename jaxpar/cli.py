@@ -50,10 +50,10 @@ def demo(args: argparse.Namespace) -> int:
         print(f"   final state: max per-leaf relative difference {worst:.1e}")
         plan = step.plan
         fid = fidelity(plan.collectives, step.lower(state, batch).compile())
+        planning = sum(plan.stats[k] for k in ("trace_s", "graph_s", "cost_s", "search_s"))
         print(
             f"   plan: {plan.stats['equations']} equations -> {plan.stats['nodes']} nodes, "
-            f"planned in {sum(plan.stats[k] for k in ('trace_s', 'graph_s', 'cost_s', 'search_s')):.2f}"
-            f" s; certified optimal: {plan.optimal}"
+            f"planned in {planning:.2f} s; certified optimal: {plan.optimal}"
         )
         print(
             f"   compiled HLO moves {fid.hlo_bytes / 1e3:.1f} KB/device; predicted "

@@ -117,7 +117,10 @@ def _identity_maps(eqn: Equation, program: Program, out_shape: tuple[int, ...]) 
             maps.append((None,) * len(shp))  # rank-0 scalar operands
         else:
             maps.append(
-                tuple(i if s == o else None for i, (s, o) in enumerate(zip(shp, out_shape)))
+                tuple(
+                    i if s == o else None
+                    for i, (s, o) in enumerate(zip(shp, out_shape, strict=False))
+                )
             )
     return tuple(maps)
 
@@ -244,8 +247,9 @@ def broadcast_rule(eqn: Equation, program: Program) -> OpSpace:
     src = _shape(program, eqn.inputs[0])
     bdims = eqn.params["broadcast_dimensions"]
     op_map = tuple(bdims[j] if src[j] == shape[bdims[j]] else None for j in range(len(src)))
-    in_maps = (op_map,) + tuple(
-        None if t is None else (None,) * len(_shape(program, t)) for t in eqn.inputs[1:]
+    in_maps = (
+        op_map,
+        *tuple(None if t is None else (None,) * len(_shape(program, t)) for t in eqn.inputs[1:]),
     )
     n = len(shape)
     return OpSpace(shape, (True,) * n, _dim_names(n), in_maps, (tuple(range(n)),), 0.0)
@@ -313,7 +317,7 @@ def reshape_rule(eqn: Equation, program: Program) -> OpSpace:
     op_map, splittable = reshape_map(src, shape)
     n = len(shape)
     extra = tuple(None if t is None else (None,) * len(_shape(program, t)) for t in eqn.inputs[1:])
-    return OpSpace(shape, splittable, _dim_names(n), (op_map,) + extra, (tuple(range(n)),), 0.0)
+    return OpSpace(shape, splittable, _dim_names(n), (op_map, *extra), (tuple(range(n)),), 0.0)
 
 
 def _reduction(eqn: Equation, program: Program, axes: tuple[int, ...], op: str, split_ok: bool):
@@ -463,9 +467,9 @@ def conv_rule(eqn: Equation, program: Program) -> OpSpace:
     os_ = _out_shape(eqn, program)
     nsp = len(ospec) - 2
     # iteration dims: n, spatial..., c (out features), k (in features)
-    sizes = (os_[ospec[0]],) + tuple(os_[ospec[2 + i]] for i in range(nsp))
+    sizes = (os_[ospec[0]], *tuple(os_[ospec[2 + i]] for i in range(nsp)))
     sizes += (os_[ospec[1]], ls[lspec[1]])
-    names = ("n",) + tuple("hwd"[i] if i < 3 else f"s{i}" for i in range(nsp)) + ("c", "k")
+    names = ("n", *tuple("hwd"[i] if i < 3 else f"s{i}" for i in range(nsp)), "c", "k")
     simple = all(s == 1 for s in p["window_strides"]) and all(
         d == 1 for d in (p["lhs_dilation"] or (1,) * nsp)
     )

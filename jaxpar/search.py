@@ -143,7 +143,7 @@ def solve_exact(
             heapq.heappush(heap, (tl, len(adj[v]), v, ver))
             break
         rest = sorted(adj[v])
-        order = rest + [v]
+        order = [*rest, v]
         keys = list(var_factors[v])
         joint = None
         for key in keys:
@@ -204,7 +204,8 @@ def _solve_block(problem, x, block, table_budget, enum_budget):
             return solve_exact(problem, fixed, table_budget, enum_budget)
         except TooWide as wide:
             # condition on the most connected tenth of the residual (cutset conditioning)
-            hubs = sorted(wide.nodes, key=lambda v: -len(wide.adjacency.get(v, ())))
+            adjacency = wide.adjacency
+            hubs = sorted(wide.nodes, key=lambda v: -len(adjacency.get(v, ())))
             for v in hubs[: max(1, len(hubs) // 10)]:
                 fixed[v] = x[v]
     raise RuntimeError("block solve did not converge")

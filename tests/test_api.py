@@ -52,7 +52,7 @@ def test_bare_decorator_caches_per_signature():
     ex = models.get("mlp", small=True)
     step = jaxpar.auto_shard(ex.step)
     args = ex.make_args(0)
-    state, metrics = step(*args)
+    state, _metrics = step(*args)
     first = step.plan
     assert set(first.mesh_axes.names) == {"data"}
     step(state, args[1])  # same signature: no re-plan
@@ -102,7 +102,7 @@ def _tiny_mlp_step():
 
 
 def test_mlp_step_dp_equals_brute_force():
-    """Optimality on a whole train step: the elimination DP's objective is the enumerated minimum."""
+    """Optimality on a whole train step: the DP objective equals the enumerated minimum."""
     step, state, batch = _tiny_mlp_step()
     pins = (None, {"x": PartitionSpec("data"), "y": PartitionSpec("data")})
     plan = jaxpar.plan(step, state, batch, mesh={"data": 2}, cluster="p100", in_specs=pins)
