@@ -18,23 +18,37 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
+import jax
+import jax.numpy as jnp
+import optax
 
-import jaxpar  # noqa: E402
-from models._train import build_example, linen_init_state, linen_lm_step, token_batch_spec  # noqa: E402
-from models.transformer import GPT  # noqa: E402
+import jaxpar
+from models._train import build_example, linen_init_state, linen_lm_step, token_batch_spec
+from models.transformer import GPT
 
-CONFIG = {"batch": 16, "seq_len": 64, "vocab_size": 512, "num_layers": 4, "d_model": 256,
-          "num_heads": 8, "lr": 1e-3, "weight_decay": 0.1}
+CONFIG = {
+    "batch": 16,
+    "seq_len": 64,
+    "vocab_size": 512,
+    "num_layers": 4,
+    "d_model": 256,
+    "num_heads": 8,
+    "lr": 1e-3,
+    "weight_decay": 0.1,
+}
 
 
 def example():
     c = CONFIG
-    model = GPT(vocab_size=c["vocab_size"], seq_len=c["seq_len"], num_layers=c["num_layers"],
-                d_model=c["d_model"], num_heads=c["num_heads"], tie_embeddings=True,
-                dtype=jnp.float32)
+    model = GPT(
+        vocab_size=c["vocab_size"],
+        seq_len=c["seq_len"],
+        num_layers=c["num_layers"],
+        d_model=c["d_model"],
+        num_heads=c["num_heads"],
+        tie_embeddings=True,
+        dtype=jnp.float32,
+    )
     tx = optax.adamw(c["lr"], b1=0.9, b2=0.95, weight_decay=c["weight_decay"])
     spec = token_batch_spec(c["batch"], c["seq_len"])
     init = linen_init_state(model, tx, spec["tokens"])
@@ -48,8 +62,10 @@ def main() -> None:
     ex = example()
     meshes = [{"data": 8}, {"data": 2, "model": 4}, {"a": 2, "b": 2, "c": 2}]
     rows = []
-    print(f"{'mesh':<28} {'eqns':>5} {'nodes':>5} {'trace':>6} {'graph':>6} {'costs':>6} "
-          f"{'search':>6} {'total':>6} {'XLA':>6} {'ratio':>6} optimal method")
+    print(
+        f"{'mesh':<28} {'eqns':>5} {'nodes':>5} {'trace':>6} {'graph':>6} {'costs':>6} "
+        f"{'search':>6} {'total':>6} {'XLA':>6} {'ratio':>6} optimal method"
+    )
     for mesh_axes in meshes:
         mesh = jaxpar.make_mesh(mesh_axes)
         for cluster in ("p100", "cpu"):
@@ -62,18 +78,33 @@ def main() -> None:
             xla = time.perf_counter() - t1
             s = plan.stats
             total = s["trace_s"] + s["graph_s"] + s["cost_s"] + s["search_s"]
-            row = {"mesh": mesh_axes, "cluster": cluster, "equations": s["equations"],
-                   "nodes": s["nodes"], "free_nodes": s["free_nodes"],
-                   "max_configs": s["max_configs"], "trace_s": s["trace_s"],
-                   "graph_s": s["graph_s"], "cost_s": s["cost_s"], "search_s": s["search_s"],
-                   "plan_s": total, "xla_compile_s": xla, "optimal": plan.optimal,
-                   "method": s.get("method", ""), "step_s": plan.cost.step_s,
-                   "data_step_s": plan.baselines["data"].step_s, "wall_s": t1 - t0}
+            row = {
+                "mesh": mesh_axes,
+                "cluster": cluster,
+                "equations": s["equations"],
+                "nodes": s["nodes"],
+                "free_nodes": s["free_nodes"],
+                "max_configs": s["max_configs"],
+                "trace_s": s["trace_s"],
+                "graph_s": s["graph_s"],
+                "cost_s": s["cost_s"],
+                "search_s": s["search_s"],
+                "plan_s": total,
+                "xla_compile_s": xla,
+                "optimal": plan.optimal,
+                "method": s.get("method", ""),
+                "step_s": plan.cost.step_s,
+                "data_step_s": plan.baselines["data"].step_s,
+                "wall_s": t1 - t0,
+            }
             rows.append(row)
-            print(f"{str(mesh_axes) + ' ' + cluster:<28} {s['equations']:5d} {s['nodes']:5d} "
-                  f"{s['trace_s']:6.2f} {s['graph_s']:6.2f} {s['cost_s']:6.2f} "
-                  f"{s['search_s']:6.2f} {total:6.2f} {xla:6.2f} {total / xla:6.2f} "
-                  f"{plan.optimal} {row['method']}", flush=True)
+            print(
+                f"{str(mesh_axes) + ' ' + cluster:<28} {s['equations']:5d} {s['nodes']:5d} "
+                f"{s['trace_s']:6.2f} {s['graph_s']:6.2f} {s['cost_s']:6.2f} "
+                f"{s['search_s']:6.2f} {total:6.2f} {xla:6.2f} {total / xla:6.2f} "
+                f"{plan.optimal} {row['method']}",
+                flush=True,
+            )
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
