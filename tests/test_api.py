@@ -135,3 +135,29 @@ def test_prng_and_static_leaves():
     first = sharded.plan
     sharded(params, batch, key, 3.0, "run", None)  # another static value: another signature
     assert sharded.plan is not first
+
+
+def test_control_flow_is_one_replicated_node():
+    """scan / while stay one equation each, planned replicated (documented), and still run."""
+
+    def step(w, x):
+        def body(carry, row):
+            return carry + jnp.tanh(row @ w), None
+
+        total, _ = jax.lax.scan(body, jnp.zeros(w.shape[1]), x)
+        _, total = jax.lax.while_loop(
+            lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 0.5), (0, total)
+        )
+        g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+        return w - 0.1 * g, total
+
+    w = jnp.ones((8, 4)) / 8
+    x = jnp.arange(128.0).reshape(16, 8) / 128
+    sharded = jaxpar.auto_shard(step, mesh=jaxpar.make_mesh({"data": 8}))
+    out = sharded(w, x)
+    ref = jax.jit(step)(w, x)
+    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref), strict=True):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+    plan = sharded.plan
+    prims = {plan.program.eqns[n.anchor].primitive: n for n in plan.ng.nodes if n.anchor >= 0}
+    assert prims["scan"].space.replicated and prims["while"].space.replicated
