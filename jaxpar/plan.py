@@ -58,7 +58,8 @@ class PlannerOptions:
     objective: str = "time"  # "time": OptCNN Eq. 1; "comm": SoyBean's bytes moved
     batch_argnums: tuple[int, ...] | None = None  # args whose leaves carry the batch on dim 0;
     # None: every argument but the first (the state), or the only argument
-    table_budget: float = 2e7  # largest elimination table (entries) before decomposing
+    table_budget: float = 4e6  # largest elimination table (entries) for the exact attempt
+    block_budget: float = 2.5e5  # largest table inside a decomposition block
     enum_budget: float = 2e6  # largest residual graph (assignments) enumerated exhaustively
     max_rounds: int = 6  # coordinate-descent rounds per starting point
 
@@ -578,6 +579,7 @@ def make_plan(
             table_budget=options.table_budget,
             enum_budget=options.enum_budget,
             max_rounds=options.max_rounds,
+            block_budget=options.block_budget,
         )
         assignment, optimal, stats = sol.assignment, sol.optimal, dict(sol.stats)
         stats["objective"] = sol.objective
