@@ -19,12 +19,9 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jax
-import jax.numpy as jnp
-import optax
 
 import jaxpar
-from models._train import build_example, linen_init_state, linen_lm_step, token_batch_spec
-from models.transformer import GPT
+from models.transformer import gpt_example
 
 CONFIG = {
     "batch": 16,
@@ -39,20 +36,7 @@ CONFIG = {
 
 
 def example():
-    c = CONFIG
-    model = GPT(
-        vocab_size=c["vocab_size"],
-        seq_len=c["seq_len"],
-        num_layers=c["num_layers"],
-        d_model=c["d_model"],
-        num_heads=c["num_heads"],
-        tie_embeddings=True,
-        dtype=jnp.float32,
-    )
-    tx = optax.adamw(c["lr"], b1=0.9, b2=0.95, weight_decay=c["weight_decay"])
-    spec = token_batch_spec(c["batch"], c["seq_len"])
-    init = linen_init_state(model, tx, spec["tokens"])
-    return build_example("gpt_4x256", model, linen_lm_step, init, spec, dict(c, dtype="float32"))
+    return gpt_example("gpt_4x256", CONFIG)
 
 
 def main() -> None:

@@ -20,8 +20,7 @@ from jax import tree_util
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from .cluster import Cluster
-from .cost import Spec, reshard_path
-from .graph import Program
+from .cost import Spec, reshard_path, spec_of
 from .plan import Plan, PlannerOptions, make_plan
 from .trace import Signature, is_array_leaf, split_args
 
@@ -82,26 +81,6 @@ def _preset_for(name: str, mesh: Any) -> Cluster:
     return Cluster.preset(name, nodes=nodes)
 
 
-def _pins_from_specs(in_specs: Any, args: tuple, program: Program) -> dict[int, Any]:
-    """Flatten a pytree prefix of PartitionSpecs (None = free) onto the array arguments."""
-    if in_specs is None:
-        return {}
-    is_spec = lambda x: x is None or isinstance(x, jax.sharding.PartitionSpec)
-    try:
-        expanded = tree_util.tree_map(
-            lambda spec, sub: tree_util.tree_map(lambda _: spec, sub, is_leaf=lambda x: x is None),
-            in_specs,
-            args,
-            is_leaf=is_spec,
-        )
-    except ValueError as err:
-        raise ValueError(f"in_specs must be a pytree prefix of the arguments: {err}") from err
-    specs = tree_util.tree_leaves(expanded, is_leaf=is_spec)
-    leaves = tree_util.tree_leaves(args, is_leaf=lambda x: x is None)
-    arr_specs = [s for s, leaf in zip(specs, leaves, strict=True) if is_array_leaf(leaf)]
-    return {t: s for t, s in zip(program.invars, arr_specs, strict=True) if s is not None}
-
-
 def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
     """Evaluate the flat program with the plan's sharding constraints (traced under jit)."""
     program = plan.program
@@ -146,7 +125,7 @@ def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
             if tid is None:
                 invals.append(lit)
             else:
-                invals.append(read(tid, _spec(mp, cfg)))
+                invals.append(read(tid, spec_of(mp, cfg)))
         if eqn.primitive == "sharding_constraint":  # the plan's layouts replace user constraints
             outs = [invals[0]]
         else:
@@ -166,17 +145,14 @@ def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
     return results
 
 
-def _spec(dim_map: Any, cfg: Any) -> Spec:
-    from .cost import spec_of
-
-    return spec_of(dim_map, cfg)
-
-
 @dataclasses.dataclass
 class _Compiled:
     plan: Plan
     jitted: Any
     rebuild_out: Any
+
+    def in_shardings(self) -> list[NamedSharding]:
+        return [self.plan.named(s) for s in self.plan.invar_specs]
 
 
 class AutoSharded:
@@ -212,19 +188,8 @@ class AutoSharded:
             return self._last
         mesh = self._mesh()
         cluster = resolve_cluster(self.cluster, mesh)
-        plan = (
-            make_plan(
-                self.fn,
-                args,
-                mesh,
-                cluster,
-                self.options,
-                pins=None,
-                platform=mesh.devices.reshape(-1)[0].platform,
-            )
-            if self.in_specs is None
-            else self._plan_with_pins(args, mesh, cluster)
-        )
+        platform = mesh.devices.reshape(-1)[0].platform
+        plan = make_plan(self.fn, args, mesh, cluster, self.options, self.in_specs, platform)
         in_sh = [plan.named(s) for s in plan.invar_specs]
         out_sh = [plan.named(s) for s in plan.outvar_specs]
         flat_donate = self._flat_donate(args)
@@ -238,13 +203,6 @@ class AutoSharded:
         self._cache[sig] = compiled
         self._last = compiled
         return compiled
-
-    def _plan_with_pins(self, args, mesh, cluster) -> Plan:
-        from .trace import trace
-
-        program, _ = trace(self.fn, args)
-        pins = _pins_from_specs(self.in_specs, args, program)
-        return make_plan(self.fn, args, mesh, cluster, self.options, pins=pins)
 
     def _flat_donate(self, args: tuple) -> tuple[int, ...]:
         if not self.donate_argnums:
@@ -274,7 +232,7 @@ class AutoSharded:
                     "(use jaxpar.plan or .lower for abstract arguments)"
                 )
         out = []
-        for a, s in zip(arrays, compiled.jitted_in_shardings(), strict=True):
+        for a, s in zip(arrays, compiled.in_shardings(), strict=True):
             if (
                 isinstance(a, jax.Array)
                 and a.sharding != s
@@ -296,16 +254,9 @@ class AutoSharded:
         arrays, _, _ = split_args(args)
         abstract = [
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-            for a, s in zip(arrays, compiled.jitted_in_shardings(), strict=True)
+            for a, s in zip(arrays, compiled.in_shardings(), strict=True)
         ]
         return compiled.jitted.lower(*abstract)
-
-
-def _jitted_in_shardings(self: _Compiled) -> list[NamedSharding]:
-    return [self.plan.named(s) for s in self.plan.invar_specs]
-
-
-_Compiled.jitted_in_shardings = _jitted_in_shardings  # type: ignore[attr-defined]
 
 
 def auto_shard(
@@ -353,11 +304,5 @@ def plan(
     if options is not None and (strategy != "auto" or objective != "time"):
         opts = dataclasses.replace(options, strategy=strategy, objective=objective)
     cl = resolve_cluster(cluster, mesh)
-    pins = None
-    if in_specs is not None:
-        from .trace import trace
-
-        program, _ = trace(fn, args)
-        pins = _pins_from_specs(in_specs, args, program)
     platform = mesh.devices.reshape(-1)[0].platform if isinstance(mesh, Mesh) else "abstract"
-    return make_plan(fn, args, mesh, cl, opts, pins=pins, platform=platform)
+    return make_plan(fn, args, mesh, cl, opts, in_specs, platform)

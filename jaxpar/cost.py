@@ -246,27 +246,24 @@ def reshard_path(nbytes: int, src: Spec, dst: Spec, sizes: tuple[int, ...]) -> t
     return tuple(steps)
 
 
-def steps_time(steps: Sequence[Step], mesh: MeshAxes) -> float:
-    return sum(
-        transfer_time(
-            s.kind, s.nbytes, mesh.sizes[s.axis], mesh.bandwidth[s.axis], mesh.latency[s.axis]
-        )
-        for s in steps
-        if s.kind != "slice"
-    )
-
-
 @functools.lru_cache(maxsize=1 << 18)
-def _reshard_cost(nbytes: int, src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> float:
-    steps = reshard_path(nbytes, src, dst, mesh.sizes)
+def reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tuple[float, float]:
+    """(fixed term, per-byte term) of a reshard: its cost is fixed + bytes · per_byte.
+
+    Under "time" the fixed term is the α of every step (latency · ring steps) and the per-byte
+    term Σ fraction / bandwidth; under "comm" only bytes count (fixed term 0).
+    """
+    steps = [s for s in reshard_path(1, src, dst, mesh.sizes) if s.kind != "slice"]
     if objective == "comm":
-        return sum(s.nbytes for s in steps)
-    return steps_time(steps, mesh)
+        return 0.0, sum(s.nbytes for s in steps)
+    fixed = sum(mesh.latency[s.axis] * ring_steps(s.kind, mesh.sizes[s.axis]) for s in steps)
+    return fixed, sum(s.nbytes / mesh.bandwidth[s.axis] for s in steps)
 
 
 def reshard_cost(nbytes: int, src: Spec, dst: Spec, params: CostParams) -> float:
     """t_X of one tensor (or its bytes under the "comm" objective)."""
-    return _reshard_cost(nbytes, src, dst, params.mesh, params.objective)
+    fixed, per_byte = reshard_linear(src, dst, params.mesh, params.objective)
+    return fixed + nbytes * per_byte
 
 
 # ---------------------------------------------------------------- node costs
@@ -455,15 +452,14 @@ def edge_uses(ng: NodeGraph, feedback: Sequence[tuple[int, int]]) -> list[EdgeUs
 
 
 class ReshardTables:
-    """t_X tables for reads, with caches: layers repeat, and so do their tables.
+    """t_X tables for reads, cached per (producer layouts, reader layouts) pattern.
 
-    A dict keyed by (bytes, src, dst) answers single reshard costs; a second cache returns the
-    whole table for a repeated (bytes, producer layouts, reader layouts) pattern.
+    Layers repeat, and so do their tables; a reshard's cost is linear in the tensor's bytes, so
+    one pattern serves every tensor size.
     """
 
     def __init__(self, ng: NodeGraph, configs: list[list[Config]], params: CostParams):
         self.ng, self.configs, self.params = ng, configs, params
-        self.single: dict[tuple, float] = {}
         self.tables: dict[tuple, np.ndarray] = {}
         self.specs: dict[tuple[int, DimMap], tuple[list[Spec], np.ndarray]] = {}
 
@@ -478,24 +474,6 @@ class ReshardTables:
             self.specs[key] = (list(index), np.array(inverse, dtype=np.int64))
         return self.specs[key]
 
-    def _linear(self, src: Spec, dst: Spec) -> tuple[float, float]:
-        """(latency term, per-byte term) of a reshard: t_X = latency + bytes · per_byte."""
-        key = (src, dst)
-        value = self.single.get(key)
-        if value is None:
-            mesh = self.params.mesh
-            steps = reshard_path(1, src, dst, mesh.sizes)
-            if self.params.objective == "comm":
-                value = (0.0, sum(s.nbytes for s in steps))
-            else:
-                moving = [s for s in steps if s.kind != "slice"]
-                lat = sum(
-                    mesh.latency[s.axis] * ring_steps(s.kind, mesh.sizes[s.axis]) for s in moving
-                )
-                value = (lat, sum(s.nbytes / mesh.bandwidth[s.axis] for s in moving))
-            self.single[key] = value
-        return value
-
     def table(self, use: EdgeUse) -> np.ndarray:
         """t_X of one read for every (producer config, reader config) pair."""
         tensor = self.ng.program.tensors[use.tensor]
@@ -507,7 +485,8 @@ class ReshardTables:
         key = (tuple(src_specs), tuple(dst_specs))
         pair = self.tables.get(key)
         if pair is None:
-            lin = [[self._linear(a, b) for b in dst_specs] for a in src_specs]
+            mesh, objective = self.params.mesh, self.params.objective
+            lin = [[reshard_linear(a, b, mesh, objective) for b in dst_specs] for a in src_specs]
             pair = self.tables[key] = (
                 np.array([[x[0] for x in row] for row in lin]),
                 np.array([[x[1] for x in row] for row in lin]),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .graph import BACKWARD, FORWARD, UPDATE, Program, layer_of, phase_of
+from .graph import Program, layer_of, phase_of
 from .rules import ELEMENTWISE, DimMap, OpSpace, space_of
 
 _FOLLOWERS = set(ELEMENTWISE)
@@ -48,10 +48,6 @@ class Node:
     invar: int | None = None  # the tensor id for input nodes
     tensor_maps: dict[int, DimMap] = dataclasses.field(default_factory=dict)  # produced tensors
     fixed: bool = False  # only the replicated configuration
-
-    @property
-    def primitive(self) -> str:
-        return "input" if self.anchor < 0 else ""
 
 
 @dataclasses.dataclass
@@ -189,8 +185,3 @@ def build_nodes(program: Program) -> NodeGraph:
             tids += [t for m in node.members for t in program.eqns[m.eqn].inputs if t is not None]
             node.fixed = node.space.replicated or _is_tiny(program, tids)
     return NodeGraph(program, nodes, node_of_tensor, node_of_eqn)
-
-
-def phase_rank(phase: str) -> int:
-    """Order of phases in a step, for reports."""
-    return {"input": 0, FORWARD: 1, BACKWARD: 2, UPDATE: 3}.get(phase, 4)

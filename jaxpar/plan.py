@@ -45,7 +45,7 @@ from .graph import BACKWARD, FORWARD, UPDATE, Program, shape_str
 from .merge import NodeGraph, build_nodes
 from .search import Problem, evaluate, solve
 from .strategies import STRATEGIES, baseline_assignment, batch_dims, node_labels
-from .trace import trace
+from .trace import is_array_leaf, trace
 
 OBJECTIVES = ("time", "comm")
 
@@ -335,6 +335,26 @@ def feedback_pairs(program: Program) -> list[tuple[int, int]]:
     return pairs
 
 
+def pins_from_specs(in_specs: Any, args: tuple, program: Program) -> dict[int, PartitionSpec]:
+    """Argument tensor -> PartitionSpec, from a pytree prefix of specs (None leaves free)."""
+    if in_specs is None:
+        return {}
+    is_spec = lambda x: x is None or isinstance(x, PartitionSpec)
+    try:
+        expanded = tree_util.tree_map(
+            lambda spec, sub: tree_util.tree_map(lambda _: spec, sub, is_leaf=lambda x: x is None),
+            in_specs,
+            args,
+            is_leaf=is_spec,
+        )
+    except ValueError as err:
+        raise ValueError(f"in_specs must be a pytree prefix of the arguments: {err}") from err
+    specs = tree_util.tree_leaves(expanded, is_leaf=is_spec)
+    leaves = tree_util.tree_leaves(args, is_leaf=lambda x: x is None)
+    arr_specs = [s for s, leaf in zip(specs, leaves, strict=True) if is_array_leaf(leaf)]
+    return {t: s for t, s in zip(program.invars, arr_specs, strict=True) if s is not None}
+
+
 def pinned_configs(
     ng: NodeGraph, pins: dict[int, PartitionSpec], names, sizes
 ) -> dict[int, Config]:
@@ -478,7 +498,6 @@ def evaluate_plan(
     resh = sum(r["t_X"] for r in rows)
     sync = sum(r["t_S"] for r in rows)
     nbytes = sum(r["bytes"] for r in rows)
-    step = nbytes if params.objective == "comm" else compute + resh + sync
     cost = PlanCost(
         step_s=compute + resh + sync,
         compute_s=compute,
@@ -487,7 +506,6 @@ def evaluate_plan(
         reshard_s=resh,
         sync_s=sync,
     )
-    del step
     return Evaluation(cost, colls, rows)
 
 
@@ -504,10 +522,10 @@ def make_plan(
     mesh: Any,
     cluster: Cluster,
     options: PlannerOptions,
-    pins: Any = None,
+    in_specs: Any = None,
     platform: str = "cpu",
 ) -> Plan:
-    """Plan ``fn(*args)`` on ``mesh`` for ``cluster``."""
+    """Plan ``fn(*args)`` on ``mesh`` for ``cluster`` (``in_specs``: optional argument pins)."""
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     program, out_tree = trace(fn, args)
@@ -525,8 +543,6 @@ def make_plan(
     )
     ng = build_nodes(program)
     leaves, arg_treedef = tree_util.tree_flatten(args, is_leaf=lambda x: x is None)
-    from .trace import is_array_leaf  # local: keeps the import list of this module short
-
     arg_is_array = [is_array_leaf(x) for x in leaves]
     batch_args = options.batch_argnums
     if batch_args is None:
@@ -543,6 +559,7 @@ def make_plan(
 
     t0 = time.perf_counter()
     configs = [node_configs(ng, node, params) for node in ng.nodes]
+    pins = pins_from_specs(in_specs, args, program)
     if pins:
         for node_index, cfg in pinned_configs(ng, pins, names, sizes).items():
             configs[node_index] = [cfg]

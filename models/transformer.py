@@ -122,21 +122,26 @@ _GPT_FULL = {
 }
 
 
-@register("gpt_small")
-def gpt_small(batch: int | None, small: bool, dtype: Any) -> Example:
-    """GPT decoder trained with AdamW on random tokens (next-token cross-entropy)."""
-    cfg = pick(small, _GPT_SMALL, _GPT_FULL, batch)
+def gpt_example(name: str, cfg: dict[str, Any], dtype: Any = jnp.float32) -> Example:
+    """A GPT decoder + AdamW train step from a config dict (keys as in ``_GPT_SMALL``)."""
+    cfg = dict(cfg)
     model = GPT(
         vocab_size=cfg["vocab_size"],
         seq_len=cfg["seq_len"],
         num_layers=cfg["num_layers"],
         d_model=cfg["d_model"],
         num_heads=cfg["num_heads"],
-        tie_embeddings=cfg["tie_embeddings"],
+        tie_embeddings=cfg.get("tie_embeddings", True),
         dtype=dtype,
     )
     tx = optax.adamw(cfg["lr"], b1=0.9, b2=0.95, weight_decay=cfg["weight_decay"])
     spec = token_batch_spec(cfg["batch"], cfg["seq_len"])
     cfg["dtype"] = jnp.dtype(dtype).name
     init = linen_init_state(model, tx, spec["tokens"])
-    return build_example("gpt_small", model, linen_lm_step, init, spec, cfg)
+    return build_example(name, model, linen_lm_step, init, spec, cfg)
+
+
+@register("gpt_small")
+def gpt_small(batch: int | None, small: bool, dtype: Any) -> Example:
+    """GPT decoder trained with AdamW on random tokens (next-token cross-entropy)."""
+    return gpt_example("gpt_small", pick(small, _GPT_SMALL, _GPT_FULL, batch), dtype)
