@@ -150,9 +150,7 @@ class _Compiled:
     plan: Plan
     jitted: Any
     rebuild_out: Any
-
-    def in_shardings(self) -> list[NamedSharding]:
-        return [self.plan.named(s) for s in self.plan.invar_specs]
+    in_shardings: list[NamedSharding]  # per flat argument; built once, read on every call
 
 
 class AutoSharded:
@@ -199,7 +197,7 @@ class AutoSharded:
             out_shardings=out_sh,
             donate_argnums=flat_donate,
         )
-        compiled = _Compiled(plan, jitted, plan.out_tree)
+        compiled = _Compiled(plan, jitted, plan.out_tree, in_sh)
         self._cache[sig] = compiled
         self._last = compiled
         return compiled
@@ -232,7 +230,7 @@ class AutoSharded:
                     "(use jaxpar.plan or .lower for abstract arguments)"
                 )
         out = []
-        for a, s in zip(arrays, compiled.in_shardings(), strict=True):
+        for a, s in zip(arrays, compiled.in_shardings, strict=True):
             if (
                 isinstance(a, jax.Array)
                 and a.sharding != s
@@ -254,7 +252,7 @@ class AutoSharded:
         arrays, _, _ = split_args(args)
         abstract = [
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-            for a, s in zip(arrays, compiled.in_shardings(), strict=True)
+            for a, s in zip(arrays, compiled.in_shardings, strict=True)
         ]
         return compiled.jitted.lower(*abstract)
 
