@@ -21,7 +21,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 
 from .cluster import Cluster
 from .cost import Spec, reshard_path, spec_of
-from .plan import Plan, PlannerOptions, make_plan
+from .plan import Plan, PlannerOptions, Progress, make_plan
 from .trace import Signature, is_array_leaf, split_args
 
 
@@ -295,12 +295,14 @@ def plan(
     objective: str = "time",
     in_specs: Any = None,
     options: PlannerOptions | None = None,
+    progress: Progress | None = None,
 ) -> Plan:
     """Plan ``fn(*args)`` without running it. Arguments may be arrays or ShapeDtypeStructs; the
-    mesh may be a dict ``{"node": 4, "gpu": 4}`` (no devices needed) or a jax Mesh."""
+    mesh may be a dict ``{"node": 4, "gpu": 4}`` (no devices needed) or a jax Mesh.
+    ``progress(stage, detail)``, if given, is called as each planning stage finishes."""
     opts = options or PlannerOptions(strategy=strategy, objective=objective)
     if options is not None and (strategy != "auto" or objective != "time"):
         opts = dataclasses.replace(options, strategy=strategy, objective=objective)
     cl = resolve_cluster(cluster, mesh)
     platform = mesh.devices.reshape(-1)[0].platform if isinstance(mesh, Mesh) else "abstract"
-    return make_plan(fn, args, mesh, cl, opts, in_specs, platform)
+    return make_plan(fn, args, mesh, cl, opts, in_specs, platform, progress)

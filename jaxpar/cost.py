@@ -175,7 +175,7 @@ def _is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) <= len(b) and b[: len(a)] == a
 
 
-@functools.lru_cache(maxsize=1 << 18)
+@functools.lru_cache(maxsize=1 << 21)
 def reshard_path(nbytes: int, src: Spec, dst: Spec, sizes: tuple[int, ...]) -> tuple[Step, ...]:
     """The sequence of collectives that turns layout ``src`` into ``dst``.
 
@@ -246,7 +246,7 @@ def reshard_path(nbytes: int, src: Spec, dst: Spec, sizes: tuple[int, ...]) -> t
     return tuple(steps)
 
 
-@functools.lru_cache(maxsize=1 << 18)
+@functools.lru_cache(maxsize=1 << 21)
 def reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tuple[float, float]:
     """(fixed term, per-byte term) of a reshard: its cost is fixed + bytes · per_byte.
 
@@ -337,6 +337,85 @@ def member_compute_time(ng: NodeGraph, node: Node, cfg: Config, params: CostPara
             m.flops / deg, nbytes, params.flops_rate(dtype), params.mem_bandwidth
         )
     return total
+
+
+def dim_degrees(cfgs: Sequence[Config], ndims: int, sizes: Sequence[int]) -> np.ndarray:
+    """``D[c, d]``: degree of iteration dim ``d`` under configuration ``c`` (product of its axes).
+
+    The vectorized form of `degree`: every per-config quantity of a node is a product of
+    columns of this table.
+    """
+    table = np.ones((len(cfgs), ndims + 1))  # last column: "no dim" (-1), ignored
+    arr = np.asarray(cfgs, dtype=np.int64).reshape(len(cfgs), len(sizes))
+    for a, size in enumerate(sizes):
+        np.multiply.at(table, (np.arange(len(cfgs)), arr[:, a]), size)
+    return table[:, :ndims]
+
+
+def compute_times(
+    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams
+) -> np.ndarray:
+    """`member_compute_time` of every configuration at once (same formula, numpy columns)."""
+    D = dim_degrees(cfgs, len(node.space.sizes), params.mesh.sizes)
+    total = np.zeros(len(cfgs))
+    tensors = ng.program.tensors
+
+    def shards(mp: DimMap) -> np.ndarray:
+        out = np.ones(len(cfgs))
+        for m in mp:
+            if m is not None:
+                out = out * D[:, m]
+        return out
+
+    for m in node.members:
+        if m.eqn < 0:
+            continue
+        eqn = ng.program.eqns[m.eqn]
+        deg = np.ones(len(cfgs))
+        for d in m.used_dims:
+            deg = deg * D[:, d]
+        nbytes = np.zeros(len(cfgs))
+        for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
+            if t is not None and mp is not None:
+                nbytes += tensors[t].nbytes / shards(mp)
+        for t, mp in zip(eqn.outputs, m.out_maps, strict=True):
+            nbytes += tensors[t].nbytes / shards(mp)
+        rate = params.flops_rate(tensors[eqn.outputs[0]].dtype)
+        total += np.maximum(m.flops / deg / rate, nbytes / params.mem_bandwidth)
+    return total
+
+
+def unary_costs(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams):
+    """Objective value of every configuration of a node (the search's unary table).
+
+    Equal to ``objective_value(node_cost(...))`` per configuration; compute is vectorized and
+    the (rarer) reductions and halos are added per configuration only where they occur.
+    """
+    mesh = params.mesh
+    time_obj = params.objective != "comm"
+    out = compute_times(ng, node, cfgs, params) if time_obj else np.zeros(len(cfgs))
+    red_dims = set(node.space.reduce_dims)
+    may_halo = bool(node.space.halo) and any(node.space.halo)
+    if node.anchor < 0 or not (red_dims or may_halo):
+        return out
+    for i, cfg in enumerate(cfgs):
+        if not any(d in red_dims for d in cfg) and not (
+            may_halo and any(d >= 0 and node.space.halo[d] for d in cfg)
+        ):
+            continue
+        reds = node_reductions(node, cfg, ng, mesh.sizes)
+        hb = halo_bytes(node, cfg, ng, mesh.sizes)
+        if not time_obj:
+            out[i] += sum(r.nbytes for r in reds) + hb
+            continue
+        for r in reds:
+            n, bw, lat = mesh.group(r.axes)
+            out[i] += transfer_time(ALL_REDUCE, r.nbytes, n, bw, lat)
+        if hb:
+            axes = [a for a, d in enumerate(cfg) if d >= 0 and node.space.halo[d]]
+            n, bw, lat = mesh.group(axes)
+            out[i] += transfer_time(PERMUTE, hb, n, bw, lat)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,10 +37,10 @@ from .cost import (
     node_configs,
     node_cost,
     node_reductions,
-    objective_value,
     reshard_path,
     spec_of,
     transfer_time,
+    unary_costs,
 )
 from .graph import BACKWARD, FORWARD, UPDATE, Program, shape_str
 from .merge import NodeGraph, build_nodes
@@ -48,6 +49,7 @@ from .strategies import STRATEGIES, baseline_assignment, batch_dims, node_labels
 from .trace import is_array_leaf, trace
 
 OBJECTIVES = ("time", "comm")
+Progress = Callable[[str, str], None]  # progress(stage, detail) after each planning stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +146,30 @@ class Plan:
         """Pytree (like the results) of NamedSharding."""
         return tree_util.tree_unflatten(self.out_tree, [self.named(s) for s in self.outvar_specs])
 
+    def variant(self, strategy: str) -> Plan:
+        """The plan of another strategy on the same trace and cost tables (no re-planning).
+
+        Baselines are always computed while planning, so ``plan.variant("data")`` is free.
+        """
+        if strategy == self.strategy:
+            return self
+        base = self.context["base_assign"]
+        if strategy not in base:
+            raise ValueError(
+                f"no {strategy!r} variant: this plan holds {self.strategy!r} and the baselines "
+                f"{sorted(base)}; plan with strategy={strategy!r} instead"
+            )
+        stats = {k: v for k, v in self.stats.items() if k in _SHARED_STATS}
+        stats["objective"] = evaluate(self.problem, base[strategy])
+        return assemble_plan(
+            self.context,
+            strategy,
+            base[strategy],
+            self.context["base_eval"][strategy],
+            False,
+            stats,
+        )
+
     # ---- reports ---------------------------------------------------------------------------
 
     def layer_rows(self) -> list[dict]:
@@ -159,8 +185,15 @@ class Plan:
             score = (prim in ("dot_general", "conv_general_dilated"), node.phase == FORWARD)
             if row["rep"] is None or score > row["score"]:
                 row["rep"], row["score"] = node.index, score
+        # program order: a layer sits where its first computation does (inputs, which are
+        # listed by parameter path, do not decide the order)
+        first: dict[str, int] = {}
+        for node in self.ng.nodes:
+            key = self.labels[node.index] or f"({_phase_name(node.phase)})"
+            if node.anchor >= 0:
+                first[key] = min(first.get(key, node.anchor), node.anchor)
         out = []
-        for row in rows.values():
+        for row in sorted(rows.values(), key=lambda r: first.get(r["layer"], -1)):
             node = self.ng.nodes[row.pop("rep")]
             row.pop("score")
             cfg = self.configs[node.index][self.assignment[node.index]]
@@ -241,7 +274,12 @@ class Plan:
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        data = {
+        """`as_dict` as indented JSON."""
+        return json.dumps(self.as_dict(), indent=1, default=str)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Everything a report needs, as plain JSON-able data."""
+        return {
             "strategy": self.strategy,
             "objective": self.objective,
             "mesh": dict(zip(self.mesh_axes.names, self.mesh_axes.sizes, strict=True)),
@@ -257,7 +295,6 @@ class Plan:
                 for p, s in zip(self.program.invar_paths, self.invar_specs, strict=True)
             },
         }
-        return json.dumps(data, indent=1, default=str)
 
     def __repr__(self) -> str:
         c = self.cost
@@ -265,6 +302,40 @@ class Plan:
             f"Plan(strategy={self.strategy!r}, step_s={c.step_s:.3e}, "
             f"comm_bytes={c.comm_bytes:.3e}, optimal={self.optimal})"
         )
+
+
+class _Throttled:
+    """Calls ``progress(stage, detail)`` at stage ends, and from long loops every few seconds."""
+
+    def __init__(self, progress: Progress | None, every: float = 2.0) -> None:
+        self.progress = progress
+        self.every = every
+        self.last = time.perf_counter()
+
+    def __call__(self, stage: str, detail: str) -> None:
+        if self.progress is not None:
+            self.progress(stage, detail)
+        self.last = time.perf_counter()
+
+    def tick(self, stage: str, detail: str, every: float | None = None) -> None:
+        if self.progress is None:
+            return
+        if time.perf_counter() - self.last >= (self.every if every is None else every):
+            self(stage, detail + " ...")
+
+
+# stats that describe the trace and tables, shared by every variant of a plan
+_SHARED_STATS = (
+    "trace_s",
+    "graph_s",
+    "cost_s",
+    "search_s",
+    "equations",
+    "nodes",
+    "free_nodes",
+    "edges",
+    "max_configs",
+)
 
 
 def _phase_name(phase: str) -> str:
@@ -524,12 +595,18 @@ def make_plan(
     options: PlannerOptions,
     in_specs: Any = None,
     platform: str = "cpu",
+    progress: Progress | None = None,
 ) -> Plan:
-    """Plan ``fn(*args)`` on ``mesh`` for ``cluster`` (``in_specs``: optional argument pins)."""
+    """Plan ``fn(*args)`` on ``mesh`` for ``cluster`` (``in_specs``: optional argument pins).
+
+    ``progress(stage, detail)`` is called when each stage finishes (trace, graph, costs, search).
+    """
+    say = _Throttled(progress)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     program, out_tree = trace(fn, args)
     times["trace_s"] = time.perf_counter() - t0
+    say("trace", f"{len(program.eqns)} equations")
 
     t0 = time.perf_counter()
     mesh_obj, names, sizes, ids = mesh_description(mesh)
@@ -556,27 +633,33 @@ def make_plan(
     labels = node_labels(ng)
     pairs = feedback_pairs(program)
     times["graph_s"] = time.perf_counter() - t0
+    say("graph", f"{len(ng.nodes)} nodes")
 
     t0 = time.perf_counter()
-    configs = [node_configs(ng, node, params) for node in ng.nodes]
+    configs = []
+    for node in ng.nodes:
+        configs.append(node_configs(ng, node, params))
+        say.tick("costs", f"configurations of {len(configs)}/{len(ng.nodes)} nodes")
     pins = pins_from_specs(in_specs, args, program)
     if pins:
         for node_index, cfg in pinned_configs(ng, pins, names, sizes).items():
             configs[node_index] = [cfg]
-    unary = [
-        np.array([objective_value(node_cost(ng, node, c, params), params) for c in cfgs])
-        for node, cfgs in zip(ng.nodes, configs, strict=True)
-    ]
+    unary = []
+    for node, cfgs in zip(ng.nodes, configs, strict=True):
+        unary.append(unary_costs(ng, node, cfgs, params))
+        say.tick("costs", f"compute/sync tables of {len(unary)}/{len(ng.nodes)} nodes")
     problem = Problem(unary=unary, edges={})
     uses = edge_uses(ng, pairs)
     tables = ReshardTables(ng, configs, params)
-    for use in uses:
+    for i, use in enumerate(uses):
         problem.add_edge(use.src, use.dst, tables.table(use))
+        say.tick("costs", f"reshard tables of {i + 1}/{len(uses)} edges")
     fwd = [n.index for n in ng.nodes if n.phase in (FORWARD, "input")]
     bwd = [n.index for n in ng.nodes if n.phase in (BACKWARD, UPDATE)]
     upd = [n.index for n in ng.nodes if n.phase in (UPDATE, "input")]
     problem.blocks = [fwd, bwd, upd]
     times["cost_s"] = time.perf_counter() - t0
+    say("costs", f"{sum(len(c) for c in configs)} configurations, {len(problem.edges)} edges")
 
     t0 = time.perf_counter()
     feedback = {t for t, _ in pairs}
@@ -597,6 +680,7 @@ def make_plan(
             enum_budget=options.enum_budget,
             max_rounds=options.max_rounds,
             block_budget=options.block_budget,
+            on_round=lambda detail: say.tick("search", detail, every=0.0),
         )
         assignment, optimal, stats = sol.assignment, sol.optimal, dict(sol.stats)
         stats["objective"] = sol.objective
@@ -612,13 +696,50 @@ def make_plan(
         optimal = False
         stats["objective"] = evaluate(problem, assignment)
     times["search_s"] = time.perf_counter() - t0
+    say("search", "certified optimal" if optimal else "best found (not certified)")
     stats.update(times)
     stats["equations"] = len(program.eqns)
     stats["nodes"] = len(ng.nodes)
     stats["free_nodes"] = sum(1 for c in configs if len(c) > 1)
     stats["edges"] = len(problem.edges)
     stats["max_configs"] = max(len(c) for c in configs)
+    context = dict(
+        params=params,
+        objective=options.objective,
+        options=options,
+        mesh=mesh_obj,
+        mesh_axes=mesh_axes,
+        cluster=cluster,
+        platform=platform,
+        program=program,
+        ng=ng,
+        configs=configs,
+        baselines={s: e.cost for s, e in base_eval.items()},
+        labels=labels,
+        batch=batch,
+        arg_treedef=arg_treedef,
+        arg_is_array=arg_is_array,
+        out_tree=out_tree,
+        problem=problem,
+        uses=uses,
+        pairs=pairs,
+        base_assign=base_assign,
+        base_eval=base_eval,
+    )
+    return assemble_plan(context, options.strategy, assignment, evaluation, optimal, stats)
 
+
+def assemble_plan(
+    context: dict[str, Any],
+    strategy: str,
+    assignment: list[int],
+    evaluation: Evaluation,
+    optimal: bool,
+    stats: dict[str, Any],
+) -> Plan:
+    """The `Plan` of one assignment: layouts of every tensor, argument and result."""
+    program, ng, configs = context["program"], context["ng"], context["configs"]
+    pairs = context["pairs"]
     # layouts of every tensor and of every read
     tensor_specs: dict[int, Spec] = {}
     for node in ng.nodes:
@@ -635,33 +756,19 @@ def make_plan(
             outvar_specs.append(tensor_specs[pair_of[t]])
         else:
             outvar_specs.append(tensor_specs.get(t, ()))
+    fields = {k: v for k, v in context.items() if k not in ("pairs", "base_assign", "base_eval")}
     return Plan(
-        strategy=options.strategy,
-        objective=options.objective,
-        options=options,
-        mesh=mesh_obj,
-        mesh_axes=mesh_axes,
-        cluster=cluster,
-        platform=platform,
-        program=program,
-        ng=ng,
-        configs=configs,
+        **fields,
+        context=context,
+        strategy=strategy,
         assignment=assignment,
         eval=evaluation,
         cost=evaluation.cost,
         collectives=evaluation.collectives,
-        baselines={s: e.cost for s, e in base_eval.items()},
         optimal=optimal,
         stats=stats,
         tensor_specs=tensor_specs,
         invar_specs=invar_specs,
         outvar_specs=outvar_specs,
         feedback=pair_of,
-        labels=labels,
-        batch=batch,
-        arg_treedef=arg_treedef,
-        arg_is_array=arg_is_array,
-        out_tree=out_tree,
-        problem=problem,
-        uses=uses,
     )

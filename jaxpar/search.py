@@ -24,7 +24,7 @@ import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -218,8 +218,11 @@ def solve(
     enum_budget: float = 2e6,
     max_rounds: int = 6,
     block_budget: float = 2.5e5,
+    on_round: Callable[[str], None] | None = None,
 ) -> Solution:
     """Exact when the graph eliminates within budget; else block coordinate descent.
+
+    ``on_round(detail)``, if given, is told when each descent round ends (progress reports).
 
     Blocks are solved with a smaller table budget (conditioning on hubs past it): measured on a
     2,031-equation transformer step, 2.5e5 gives the same objective as 2e7 at 5-11x less time.
@@ -234,6 +237,7 @@ def solve(
     blocks = [b for b in problem.blocks if b] or [list(range(problem.num_nodes))]
     best: Solution | None = None
     rounds_total = 0
+    seen: list[float] = []  # objective reached from each start
     for start in starts:
         x = list(start)
         val = evaluate(problem, x)
@@ -244,8 +248,11 @@ def solve(
                 y, v, _ = _solve_block(problem, x, block, block_budget, enum_budget)
                 if v < val - 1e-12 * max(1.0, abs(val)):
                     x, val, improved = y, v, True
+            if on_round is not None:
+                on_round(f"start {len(seen) + 1}/{len(starts)}, round {rounds_total}: {val:.6g}")
             if not improved:
                 break
+        seen.append(val)
         if best is None or val < best.objective:
             best = Solution(x, val, False, {})
     assert best is not None, "solve needs at least one starting assignment when the graph is wide"

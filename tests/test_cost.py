@@ -79,3 +79,27 @@ def test_pure_core_imports_no_jax():
     out = subprocess.run([sys.executable, "-c", stub + code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("objective", ["time", "comm"])
+@pytest.mark.parametrize(
+    ("name", "mesh"), [("cnn", {"a": 2, "b": 4}), ("gpt_small", {"a": 2, "b": 2, "c": 2})]
+)
+def test_vectorized_unary_matches_per_config_cost(name, mesh, objective):
+    """The search's unary tables (numpy over configs) equal the scalar cost of each config."""
+    import numpy as np
+
+    import jaxpar
+    import models
+    from jaxpar.cost import node_cost, objective_value, unary_costs
+
+    ex = models.get(name, small=True)
+    plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="p100", objective=objective)
+    params = plan.context["params"]
+    checked = 0
+    for node, cfgs in zip(plan.ng.nodes, plan.configs, strict=True):
+        fast = unary_costs(plan.ng, node, cfgs, params)
+        slow = [objective_value(node_cost(plan.ng, node, c, params), params) for c in cfgs]
+        np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-300)
+        checked += len(cfgs)
+    assert checked > 500
