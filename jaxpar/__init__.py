@@ -16,7 +16,7 @@ Pipeline (one module per stage)::
 """
 
 from .apply import AutoSharded, auto_shard, make_mesh, plan
-from .cluster import Cluster, DeviceSpec, LinkLevel
+from .cluster import Cluster, DeviceGroup, DeviceSpec, LinkLevel
 from .plan import Collective, Plan, PlanCost, PlannerOptions
 from .trace import TraceError
 
@@ -24,6 +24,7 @@ __all__ = [
     "AutoSharded",
     "Cluster",
     "Collective",
+    "DeviceGroup",
     "DeviceSpec",
     "LinkLevel",
     "Plan",

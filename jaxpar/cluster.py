@@ -16,6 +16,20 @@ crosses (`Cluster.axis_links`), and how much of that level's bandwidth one group
 several groups cross it at once (`Cluster.axis_bandwidths`). The collective cost formulas
 themselves live in `cost.py`.
 
+Devices may differ (AccPar's heterogeneous arrays, §2.3 and §6.2): `Cluster.groups` lists
+*device groups*, consecutive blocks of ids that share one `DeviceSpec` (AccPar's computation
+density c_i) and one per-device link bandwidth (AccPar's network bandwidth b_i)::
+
+    accpar-tpu         ids 0 .. 127 | 128 .. 255
+    groups             [TPU-v2 x 128] [TPU-v3 x 128]   c = 180 / 420 TFLOP/s, b = 1 / 2 GB/s
+    level 0 network    [0 .. 255]                       one flat fabric (AccPar models no other)
+
+A group's devices drive at most their own link bandwidth on any level, so a transfer or ring
+between two devices runs at min(level bandwidth, b_a, b_b) (`Cluster.bandwidth_between`,
+`Cluster.axis_bandwidths`). Per-device arrays of c_i and b_i (`Cluster.device_flops`,
+`Cluster.device_bandwidth`) feed the formulas of `hetero.py` (AccPar Eq. 7-10). A cluster with
+no groups is homogeneous: every device is `Cluster.device`, as before.
+
 Every preset number carries its source (`DeviceSpec.source`, `LinkLevel.source`), and
 `Cluster.describe` prints them, so a prediction can always be traced back to a datasheet.
 
@@ -85,6 +99,64 @@ class LinkLevel:
     # same time through a shared port split its bandwidth (Cluster.axis_bandwidths).
     shared_by: int = 1
     source: str = ""  # where these numbers come from; shown by Cluster.describe
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """A block of consecutive device ids of one kind (AccPar: same c_i and b_i for all of them).
+
+    `Cluster.groups` lists the groups in id order: the first holds ids 0 .. count-1, the next
+    the following ids, and so on. Two groups may share a kind (equal spec and bandwidths); the
+    cluster is heterogeneous when it has more than one kind.
+    """
+
+    name: str  # label for reports, e.g. "tpu-v2" or "a100-node"
+    device: DeviceSpec  # spec of every device in the group (AccPar's c_i is device.flops(dtype))
+    count: int  # number of devices in the group
+    # Bytes/s per direction one device of the group can drive on any link level (its port
+    # rate; AccPar's b_i). A transfer runs at min(level bandwidth, b of each end). None: the
+    # device never limits a level below the level's own bandwidth.
+    link_bandwidth: float | None = None
+    # Per-level caps, (level name, bytes/s per direction) pairs, e.g. an A100 reaches 300 GB/s
+    # on "nvlink" but 25 GB/s on "infiniband" (one HDR card per GPU). Combined with
+    # link_bandwidth by taking the smaller. A Mapping is accepted and stored as a sorted tuple.
+    level_bandwidths: tuple[tuple[str, float], ...] = ()
+    source: str = ""  # where the group's numbers come from; shown by Cluster.describe
+
+    def __post_init__(self) -> None:
+        pairs = self.level_bandwidths
+        pairs = pairs.items() if isinstance(pairs, Mapping) else pairs
+        table = tuple(sorted((str(k), float(v)) for k, v in pairs))
+        object.__setattr__(self, "level_bandwidths", table)
+        if not isinstance(self.count, (int, np.integer)) or self.count < 1:
+            raise ValueError(
+                f"device group {self.name!r}: count must be an integer >= 1, got {self.count!r}"
+            )
+        object.__setattr__(self, "count", int(self.count))
+        if self.link_bandwidth is not None:
+            if not self.link_bandwidth > 0:
+                raise ValueError(
+                    f"device group {self.name!r}: link_bandwidth must be > 0 bytes/s (or None "
+                    f"for no limit), got {self.link_bandwidth}"
+                )
+            object.__setattr__(self, "link_bandwidth", float(self.link_bandwidth))
+        if any(not v > 0 for _, v in table):
+            raise ValueError(f"device group {self.name!r}: level_bandwidths must all be > 0")
+
+    def bandwidth_cap(self, level_name: str) -> float:
+        """Bytes/s per direction one device of the group can drive on level `level_name`.
+
+        The smaller of `link_bandwidth` and the level's entry in `level_bandwidths`; infinity
+        when neither is set (the level's own bandwidth is then the only limit).
+        """
+        caps = [v for k, v in self.level_bandwidths if k == level_name]
+        if self.link_bandwidth is not None:
+            caps.append(self.link_bandwidth)
+        return min(caps, default=math.inf)
+
+    def kind(self) -> tuple[DeviceSpec, float | None, tuple[tuple[str, float], ...]]:
+        """What makes two groups' devices interchangeable: spec and bandwidth caps."""
+        return (self.device, self.link_bandwidth, self.level_bandwidths)
 
 
 @dataclass(frozen=True)
@@ -240,7 +312,140 @@ _GENERIC_ACCELERATOR = _Preset(
     summary="placeholder numbers for an unrecognised accelerator",
 )
 
+
+@dataclass(frozen=True)
+class _GroupedPreset:
+    """How to build a cluster of several device kinds in equal numbers (AccPar §6.2 style)."""
+
+    # One group per kind, slowest first, so that Cluster.device (the first group's spec) is the
+    # slowest part; count = devices of the kind at the preset's default size.
+    kinds: tuple[DeviceGroup, ...]
+    # Link inside one node; group_size = devices per node, and every node holds one kind. None
+    # for a flat fabric, where all devices talk through `network` alone.
+    node_link: LinkLevel | None
+    network: LinkLevel  # link between nodes (or between all devices of a flat fabric)
+    summary: str  # one line for error messages
+
+
+# AccPar §6.1 / Table 7. "An accelerator is a board that holds the processing units -- 2 cores per
+# chip and 4 chip per board": every number below is per *board* (4 chips, 8 TensorCores), and
+# one device of these presets is one board. The paper trains in bfloat16 and gives one FLOP/s
+# figure; XLA:TPU runs float32 matmuls as one bf16 pass at its default precision, so float32
+# gets the same figure (HIGHEST precision would be several times slower).
+_TPU_V2_BOARD = DeviceSpec(
+    name="TPU-v2 board (4 chips)",
+    peak_flops={"float32": 180 * TFLOPS, "bfloat16": 180 * TFLOPS},  # Table 7: "180T"
+    # Table 7: 2400 GB/s (= 4 chips x 600 GB/s, the Cloud TPU v2 per-chip figure).
+    mem_bandwidth=2400 * GB,
+    memory_bytes=64 * GB,  # Table 7: "64GB" HBM (4 chips x 16 GiB)
+    source="AccPar Table 7 / §6.1 (per board of 4 chips; Cloud TPU v2: 45 TFLOP/s, 16 GiB, "
+    "600 GB/s per chip)",
+)
+_TPU_V3_BOARD = DeviceSpec(
+    name="TPU-v3 board (4 chips)",
+    peak_flops={"float32": 420 * TFLOPS, "bfloat16": 420 * TFLOPS},  # Table 7: "420T"
+    # Table 7: 4800 GB/s, which §6.1 says is *assumed* ("not available"); the Cloud TPU v3
+    # page now gives 900 GB/s per chip, i.e. 3600 GB/s per board. We keep the paper's number.
+    mem_bandwidth=4800 * GB,
+    memory_bytes=128 * GB,  # Table 7: "128GB" HBM (4 chips x 32 GiB)
+    source="AccPar Table 7 / §6.1 (per board of 4 chips; 4800 GB/s is the paper's assumption, "
+    "Cloud TPU v3 gives 900 GB/s per chip)",
+)
+# AccPar §6.1: "the maximum data rate per core is 2Gb/s [166]. We set the network data rate for
+# TPU-v2 as 8Gb/s and that for TPU-v3 as 16Gb/s." Gigabits: 8 Gb/s = 1 GB/s, 16 Gb/s = 2 GB/s.
+# AccPar's cost model (Eq. 7, Tables 4-5) has no topology: every transfer costs A(T) / b_i with
+# the device's own b_i. So one flat level whose bandwidth is the fastest b_i (it never binds
+# below a device's own rate) and no latency term; the groups carry b_i.
+_ACCPAR_NETWORK = LinkLevel(
+    name="network",
+    group_size=256,  # placeholder: set to the cluster size when built
+    bandwidth=2 * GB,  # 16 Gb/s, the TPU-v3 board's b_i
+    latency=0.0,  # AccPar's Eq. 7 has no latency term
+    source="AccPar §6.1: flat network, per-board data rate b_i (TPU-v2 8 Gb/s, TPU-v3 16 Gb/s)",
+)
+_ACCPAR_TPU_V2 = DeviceGroup(
+    name="tpu-v2",
+    device=_TPU_V2_BOARD,
+    count=128,  # AccPar §6.2: 128 TPU-v2 + 128 TPU-v3
+    link_bandwidth=1 * GB,  # §6.1: 8 Gb/s
+    source="AccPar §6.1-6.2: 128 boards, network data rate 8 Gb/s",
+)
+_ACCPAR_TPU_V3 = DeviceGroup(
+    name="tpu-v3",
+    device=_TPU_V3_BOARD,
+    count=128,  # §6.2 (heterogeneous array) and §6.3 (homogeneous array): 128 TPU-v3
+    link_bandwidth=2 * GB,  # §6.1: 16 Gb/s
+    source="AccPar §6.1-6.3: 128 boards, network data rate 16 Gb/s",
+)
+_ACCPAR_TPU = _GroupedPreset(
+    kinds=(_ACCPAR_TPU_V2, _ACCPAR_TPU_V3),
+    node_link=None,
+    network=_ACCPAR_NETWORK,
+    summary="AccPar §6.2 array: TPU-v2 and TPU-v3 boards in equal numbers, flat network",
+)
+_ACCPAR_TPU_HOMOGENEOUS = _GroupedPreset(
+    kinds=(_ACCPAR_TPU_V3,),
+    node_link=None,
+    network=_ACCPAR_NETWORK,
+    summary="AccPar §6.3 array: TPU-v3 boards only, flat network",
+)
+
+# A100: NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB column; tensor rates dense, i.e. half
+# the "with sparsity" figures) and the NVIDIA DGX A100 datasheet.
+_A100_SXM4_80GB = DeviceSpec(
+    name="A100-SXM4-80GB",
+    peak_flops={
+        "float64": 19.5 * TFLOPS,  # FP64 tensor core (as the H100 preset)
+        "float32": 19.5 * TFLOPS,  # FP32 (CUDA cores)
+        "tensorfloat32": 156 * TFLOPS,  # TF32 tensor core, dense (312 sparse)
+        "bfloat16": 312 * TFLOPS,  # BF16 tensor core, dense (624 sparse)
+        "float16": 312 * TFLOPS,  # FP16 tensor core, dense (624 sparse)
+    },
+    mem_bandwidth=2039 * GB,  # datasheet: HBM2e at 2,039 GB/s (80GB SXM)
+    memory_bytes=80 * GB,  # datasheet: 80 GB
+    source="NVIDIA A100 datasheet (SXM4 80GB; dense tensor-core rates)",
+)
+_MIXED_A100 = DeviceGroup(
+    name="a100-node",
+    device=_A100_SXM4_80GB,
+    count=8,  # DGX A100: eight GPUs per node
+    level_bandwidths={
+        # NVLink 3 through NVSwitch: 600 GB/s bidirectional per GPU = 300 GB/s per direction.
+        "nvlink": 300 * GB,
+        # DGX A100: 8 x 200 Gb/s HDR ConnectX-6, one per GPU = 25 GB/s per direction. Traffic
+        # between an A100 and an H100 node runs at this slower side.
+        "infiniband": 25 * GB,
+    },
+    source="DGX A100 datasheet: NVLink 3 / NVSwitch 600 GB/s bidirectional per GPU; "
+    "8 x 200 Gb/s HDR ConnectX-6, one per GPU",
+)
+_MIXED_H100 = DeviceGroup(
+    name="h100-node",
+    device=_DGX_H100.device,
+    count=8,  # DGX H100: eight GPUs per node
+    # No caps: the link levels carry the H100 numbers (NVLink 4 450 GB/s, NDR 50 GB/s per GPU).
+    source="DGX H100 datasheet (the link levels' own numbers)",
+)
+_MIXED_GPU = _GroupedPreset(
+    kinds=(_MIXED_A100, _MIXED_H100),
+    node_link=replace(
+        _DGX_H100.node_link,
+        source="DGX H100/A100 datasheets: NVSwitch in each node; 450 GB/s/direction (NVLink 4), "
+        "A100 nodes capped at 300 (NVLink 3)",
+    ),
+    network=replace(
+        _DGX_H100.network,
+        source="DGX H100 datasheet: 400 Gb/s NDR per GPU; A100 nodes capped at 200 Gb/s HDR",
+    ),
+    summary="nodes of 8 x A100-SXM4 and nodes of 8 x H100-SXM5 in equal numbers, InfiniBand",
+)
+
 _PRESETS: dict[str, _Preset] = {"p100": _P100, "dgx-h100": _DGX_H100, "cpu": _CPU}
+_GROUPED_PRESETS: dict[str, _GroupedPreset] = {
+    "accpar-tpu": _ACCPAR_TPU,
+    "accpar-tpu-homogeneous": _ACCPAR_TPU_HOMOGENEOUS,
+    "mixed-gpu": _MIXED_GPU,
+}
 _CPU_DEFAULT_DEVICES = 8  # tests/conftest.py sets 8 fake CPU devices
 _GENERIC_NAME = "generic"  # Cluster.name of clusters built from _GENERIC_ACCELERATOR
 
@@ -257,37 +462,58 @@ _GPU_KINDS: tuple[tuple[str, str], ...] = (
 class Cluster:
     """Devices and the hierarchy of links between them (OptCNN's device graph)."""
 
-    name: str  # preset name ("p100", "dgx-h100", "cpu") or a label for a hand-built cluster
-    device: DeviceSpec  # every device's spec; read it through device_spec(i) (see below)
+    name: str  # preset name ("p100", "dgx-h100", "cpu", ...) or a label for a hand-built cluster
+    # Homogeneous cluster: every device's spec. Heterogeneous: the first group's spec (device 0;
+    # the presets list their slowest kind first, so this is a conservative stand-in for code
+    # that reads one spec). Read per-device specs through device_spec(i).
+    device: DeviceSpec
     num_devices: int  # devices in the cluster, numbered 0 .. num_devices - 1
     # Link levels, innermost first; level L's groups are consecutive blocks of
     # levels[L].group_size ids, each group size divides the next, the last is num_devices.
     levels: tuple[LinkLevel, ...]
+    # Device groups in id order (counts sum to num_devices); empty: homogeneous, all `device`.
+    # Unless the cluster has a single, flat level, every block of the innermost level (a node)
+    # lies inside one group. Build with Cluster.from_groups to get `device` and `num_devices`.
+    groups: tuple[DeviceGroup, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple(self.levels))
+        object.__setattr__(self, "groups", tuple(self.groups))
         _check_levels(self.name, self.num_devices, self.levels)
+        _check_groups(self)
 
     # ---- construction -------------------------------------------------------------------
 
     @classmethod
     def presets(cls) -> list[str]:
         """Names accepted by `Cluster.preset`."""
-        return list(_PRESETS)
+        return _preset_names()
 
     @classmethod
     def preset(cls, name: str, nodes: int = 1, *, devices: int | None = None) -> Cluster:
-        """A documented cluster: "p100" (OptCNN §6), "dgx-h100" or "cpu".
+        """A documented cluster.
 
-        `nodes` picks how many nodes a GPU preset has. `devices` sizes the "cpu" preset
-        (default 8), and for a GPU preset asks for part of one node (devices <= per node) or a
-        whole number of nodes.
+        Homogeneous: "p100" (OptCNN §6), "dgx-h100", "cpu". `nodes` picks how many nodes a GPU
+        preset has. `devices` sizes the "cpu" preset (default 8), and for a GPU preset asks for
+        part of one node (devices <= per node) or a whole number of nodes.
+
+        Heterogeneous, devices of each kind in equal numbers, slowest kind first (lowest ids):
+
+        - "accpar-tpu": AccPar §6.2, 128 TPU-v2 + 128 TPU-v3 boards on one flat network.
+          `devices=N` (even) gives N/2 of each; `nodes` must stay 1.
+        - "accpar-tpu-homogeneous": AccPar §6.3, 128 TPU-v3 boards; `devices=N` gives N.
+        - "mixed-gpu": nodes of 8 A100-SXM4-80GB and nodes of 8 H100-SXM5, NVSwitch inside a
+          node, InfiniBand between. `nodes=k` means k nodes *of each kind* (16k GPUs; default
+          one A100 node + one H100 node). `devices=N` (even) gives N/2 of each kind: part of
+          one node each (N <= 16) or whole nodes (N a multiple of 16).
         """
-        preset = _lookup_preset(name)
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
         if devices is not None and devices < 1:
             raise ValueError(f"devices must be >= 1, got {devices}")
+        if name in _GROUPED_PRESETS:
+            return _build_grouped(name, _GROUPED_PRESETS[name], nodes, devices)
+        preset = _lookup_preset(name)
         if preset.network is None:
             if nodes != 1:
                 raise ValueError(
@@ -299,6 +525,17 @@ class Cluster:
             raise ValueError("pass either nodes= or devices=, not both")
         per_node = preset.node_link.group_size
         return _build(name, preset, devices if devices is not None else nodes * per_node)
+
+    @classmethod
+    def from_groups(
+        cls, name: str, groups: Sequence[DeviceGroup], levels: Sequence[LinkLevel]
+    ) -> Cluster:
+        """A cluster of device groups: `device` is the first group's, `num_devices` the total."""
+        groups = tuple(groups)
+        if not groups:
+            raise ValueError(f"cluster {name!r}: from_groups needs at least one device group")
+        total = sum(group.count for group in groups)
+        return cls(name, groups[0].device, total, tuple(levels), groups)
 
     @classmethod
     def from_device_kind(
@@ -347,15 +584,69 @@ class Cluster:
 
     # ---- devices and links --------------------------------------------------------------
 
-    def device_spec(self, device_id: int) -> DeviceSpec:
-        """Spec of one device.
+    @property
+    def heterogeneous(self) -> bool:
+        """True when devices differ: more than one kind (spec and bandwidth caps) of group."""
+        return len({group.kind() for group in self.groups}) > 1
 
-        Callers go through this (not `.device`) so that heterogeneous clusters (AccPar's
-        per-device speeds) can be added without changing them.
+    def all_groups(self) -> tuple[DeviceGroup, ...]:
+        """The device groups; a homogeneous cluster reports one implicit group of every device."""
+        if self.groups:
+            return self.groups
+        return (DeviceGroup(self.device.name, self.device, self.num_devices),)
+
+    def group_slices(self) -> tuple[slice, ...]:
+        """Device-id range of each group of `all_groups()`, in order."""
+        ends = np.cumsum([group.count for group in self.all_groups()]).tolist()
+        return tuple(slice(start, end) for start, end in zip([0, *ends[:-1]], ends, strict=True))
+
+    def group_ids(self) -> np.ndarray:
+        """Index into `all_groups()` of every device: an int array of length num_devices."""
+        counts = [group.count for group in self.all_groups()]
+        return np.repeat(np.arange(len(counts)), counts)
+
+    def group_of(self, device_id: int) -> int:
+        """Index into `all_groups()` of the group holding `device_id`."""
+        self._check_id(device_id)
+        return int(self.group_ids()[device_id])
+
+    def device_spec(self, device_id: int) -> DeviceSpec:
+        """Spec of one device: its group's spec (`device` for a homogeneous cluster)."""
+        self._check_id(device_id)
+        if not self.groups:
+            return self.device
+        return self.groups[self.group_of(device_id)].device
+
+    def device_flops(self, dtype: object) -> np.ndarray:
+        """Peak FLOP/s of every device for `dtype` (AccPar's c_i): floats, length num_devices."""
+        rates = [group.device.flops(dtype) for group in self.all_groups()]
+        return np.asarray(rates, dtype=float)[self.group_ids()]
+
+    def device_memory(self) -> np.ndarray:
+        """Memory capacity in bytes of every device: floats, length num_devices."""
+        sizes = [group.device.memory_bytes for group in self.all_groups()]
+        return np.asarray(sizes, dtype=float)[self.group_ids()]
+
+    def device_bandwidth(self, level: int = -1) -> np.ndarray:
+        """Bytes/s per direction every device drives on link level `level` (AccPar's b_i).
+
+        min(levels[level].bandwidth, the device's own cap on that level); no port sharing
+        (see `axis_bandwidths` for that). Default: the outermost level, where AccPar's
+        transfers between accelerator groups run. Floats, length num_devices.
         """
-        if not 0 <= device_id < self.num_devices:
-            raise ValueError(self._out_of_range_message([device_id]))
-        return self.device
+        link = self.levels[level]  # IndexError for a bad level, as for any tuple
+        return np.minimum(link.bandwidth, self._device_caps(link.name))
+
+    def bandwidth_between(self, a: int, b: int) -> float:
+        """Bytes/s per direction of a transfer between devices a and b (no contention).
+
+        The bandwidth of the innermost level holding both, limited by each end's own cap:
+        a transfer between groups runs at the slower device's b_i or the level's bandwidth,
+        whichever is smaller.
+        """
+        index = self.level_index((a, b))
+        caps = self._device_caps(self.levels[index].name)
+        return float(min(self.levels[index].bandwidth, caps[a], caps[b]))
 
     def level_index(self, device_ids: Iterable[int]) -> int:
         """Index in `levels` of the slowest (outermost) level spanned by a set of devices.
@@ -423,25 +714,98 @@ class Cluster:
         shared_by) they split them. Example, p100 with 4 nodes and a (4, 4) mesh: each axis-0
         group {i, i+4, i+8, i+12} crosses every node, the four of them share each node's one
         InfiniBand card, so each gets 12.5 / 4 GB/s; a single 16-device ring gets 12.5 GB/s.
+
+        With device groups, a ring also runs no faster than its slowest member's own cap
+        (`DeviceGroup.link_bandwidth`, `level_bandwidths`); the axis reports its slowest ring.
         """
         ids = self.check_mesh(mesh_shape, device_ids)
-        return tuple(
-            self._group_bandwidth(_axis_groups(ids, axis), level)
-            for axis, level in enumerate(self._axis_level_indices(mesh_shape, ids))
-        )
+        result = []
+        for axis, level in enumerate(self._axis_level_indices(mesh_shape, ids)):
+            rows = _axis_groups(ids, axis)
+            bandwidth = self._group_bandwidth(rows, level)
+            if self.groups and rows.shape[1] > 1:
+                # Heterogeneous: every ring also runs at its slowest member's own cap.
+                bandwidth = min(bandwidth, self._rows_cap(rows))
+            result.append(bandwidth)
+        return tuple(result)
+
+    def axis_device_groups(
+        self, mesh_shape: Sequence[int], axis: int, device_ids: np.ndarray | None = None
+    ) -> tuple[tuple[int, ...], ...]:
+        """For each collective group along mesh axis `axis`, the device groups it spans.
+
+        Collective groups are ordered as the other axes' indices in row-major order; each entry
+        is the sorted indices into `all_groups()` of the devices in it.
+        """
+        rows = self._axis_rows(mesh_shape, axis, device_ids)
+        members = self.group_ids()[rows]
+        return tuple(tuple(int(g) for g in np.unique(row)) for row in members)
+
+    def axis_spans_groups(
+        self, mesh_shape: Sequence[int], axis: int, device_ids: np.ndarray | None = None
+    ) -> bool:
+        """Whether some collective group along `axis` mixes device kinds (spec or bandwidth).
+
+        When it does, an even split along the axis leaves the faster devices idle and a
+        collective over it runs at the slower kind's bandwidth (AccPar §2.3).
+        """
+        rows = self._axis_rows(mesh_shape, axis, device_ids)
+        kinds = self._kind_ids()[rows]
+        return bool((kinds != kinds[:, :1]).any())
+
+    def axis_device_bandwidths(
+        self, mesh_shape: Sequence[int], axis: int, device_ids: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Per device of the mesh (array shaped like it), its b_i in a collective along `axis`.
+
+        Each device's collective group runs on the level it spans; the device drives the
+        smaller of that level's bandwidth per device (split among the groups sharing a port, as
+        in `axis_bandwidths`) and its own cap. A ring over the group runs at the smallest of
+        its members' values, which is what `axis_bandwidths` reports per axis.
+        """
+        ids = self.check_mesh(mesh_shape, device_ids)
+        rows = _axis_groups(ids, self._axis_index(ids, axis))
+        row_levels = self._row_levels(rows)
+        values = np.empty(rows.shape, dtype=float)
+        for index in np.unique(row_levels).tolist():
+            at_level = row_levels == index
+            link = self.levels[index]
+            shared = self._group_bandwidth(rows, index)
+            values[at_level] = np.minimum(shared, self._device_caps(link.name)[rows[at_level]])
+        moved = np.moveaxis(ids, self._axis_index(ids, axis), -1).shape
+        return np.moveaxis(values.reshape(moved), -1, self._axis_index(ids, axis))
 
     # ---- reporting ----------------------------------------------------------------------
 
     def describe(self) -> str:
         """Human-readable table of the cluster's numbers and where each comes from."""
-        spec = self.device
-        lines = [
-            f"cluster {self.name!r} ({self._size_label()}): {self.num_devices} x {spec.name}",
-            f"  device numbers: {spec.source or 'no source given'}",
-        ]
-        lines += [f"    {'peak ' + k:<20} {_flops_text(v):>16}" for k, v in spec.peak_flops]
-        lines.append(f"    {'memory bandwidth':<20} {f'{spec.mem_bandwidth / GB:.1f} GB/s':>16}")
-        lines.append(f"    {'memory':<20} {f'{spec.memory_bytes / GB:.1f} GB':>16}")
+        if not self.groups:
+            spec = self.device
+            lines = [
+                f"cluster {self.name!r} ({self._size_label()}): {self.num_devices} x {spec.name}",
+                f"  device numbers: {spec.source or 'no source given'}",
+                *_spec_lines(spec),
+            ]
+        else:
+            parts = " + ".join(f"{group.count} x {group.device.name}" for group in self.groups)
+            kind = "heterogeneous" if self.heterogeneous else "one kind"
+            lines = [f"cluster {self.name!r} ({self._size_label()}, {kind}): {parts}"]
+            for index, (group, ids) in enumerate(
+                zip(self.groups, self.group_slices(), strict=True)
+            ):
+                lines.append(
+                    f"  group {index} {group.name!r}: devices {ids.start}..{ids.stop - 1}, "
+                    f"{group.count} x {group.device.name}"
+                )
+                lines.append(f"    device numbers: {group.device.source or 'no source given'}")
+                lines += ["  " + line for line in _spec_lines(group.device)]
+                for level in self.levels:  # the group's own b_i on each level it caps
+                    cap = group.bandwidth_cap(level.name)
+                    if math.isfinite(cap):
+                        label = f"link cap {level.name}"
+                        lines.append(f"      {label:<20} {f'{cap / GB:.2f} GB/s':>16}")
+                if group.source:
+                    lines.append(f"    group numbers: {group.source}")
         lines.append("  link levels, innermost first:")
         lines.append(
             f"    {'level':<14} {'group':>5} {'GB/s/dir':>9} {'latency':>9} {'shared':>6}  source"
@@ -454,6 +818,41 @@ class Cluster:
         return "\n".join(lines)
 
     # ---- internals ----------------------------------------------------------------------
+
+    def _check_id(self, device_id: int) -> None:
+        if not 0 <= device_id < self.num_devices:
+            raise ValueError(self._out_of_range_message([device_id]))
+
+    def _device_caps(self, level_name: str) -> np.ndarray:
+        """Each device's own cap (bytes/s) on the level named `level_name`; inf for none."""
+        caps = [group.bandwidth_cap(level_name) for group in self.all_groups()]
+        return np.asarray(caps, dtype=float)[self.group_ids()]
+
+    def _rows_cap(self, rows: np.ndarray) -> float:
+        """Smallest own cap of any device in the rows, each on the level its row spans."""
+        row_levels = self._row_levels(rows)
+        cap = math.inf
+        for index in np.unique(row_levels).tolist():
+            caps = self._device_caps(self.levels[index].name)[rows[row_levels == index]]
+            cap = min(cap, float(caps.min()))
+        return cap
+
+    def _kind_ids(self) -> np.ndarray:
+        """Per device, an index of its kind (groups with equal spec and caps share one)."""
+        kinds: dict[object, int] = {}
+        per_group = [kinds.setdefault(group.kind(), len(kinds)) for group in self.all_groups()]
+        return np.asarray(per_group, dtype=int)[self.group_ids()]
+
+    def _axis_index(self, ids: np.ndarray, axis: int) -> int:
+        if not -ids.ndim <= axis < ids.ndim:
+            raise ValueError(f"mesh axis {axis} out of range for a {ids.ndim}-axis mesh")
+        return axis % ids.ndim
+
+    def _axis_rows(
+        self, mesh_shape: Sequence[int], axis: int, device_ids: np.ndarray | None
+    ) -> np.ndarray:
+        ids = self.check_mesh(mesh_shape, device_ids)
+        return _axis_groups(ids, self._axis_index(ids, axis))
 
     def _axis_level_indices(
         self, mesh_shape: Sequence[int], device_ids: np.ndarray | None
@@ -501,6 +900,12 @@ class Cluster:
 
     def _size_label(self) -> str:
         """How `Cluster.preset` would size this cluster: "nodes=2" or "devices=6"."""
+        grouped = _GROUPED_PRESETS.get(self.name)
+        if grouped is not None and grouped.node_link is not None:
+            per_size = grouped.node_link.group_size * len(grouped.kinds)
+            full_nodes = self.levels[0].group_size == grouped.node_link.group_size
+            if full_nodes and self.num_devices % per_size == 0:
+                return f"nodes={self.num_devices // per_size}"
         preset = _PRESETS.get(self.name)
         if preset is not None and preset.network is not None:
             per_node = preset.node_link.group_size
@@ -513,6 +918,9 @@ class Cluster:
             f"cluster {self.name!r} ({self._size_label()}) has {self.num_devices} devices "
             f"but the mesh needs {needed} devices"
         )
+        grouped = _GROUPED_PRESETS.get(self.name)
+        if grouped is not None:
+            return f"{head}; pass {_grouped_hint(self.name, grouped, needed)} or a smaller mesh"
         preset = _PRESETS.get(self.name)
         if preset is None:
             return f"{head}; use a cluster with at least {needed} devices or a smaller mesh"
@@ -538,10 +946,84 @@ def _flops_text(flops: float) -> str:
     return f"{flops / TFLOPS:.2f} TFLOP/s" if flops >= TFLOPS else f"{flops / 1e9:.1f} GFLOP/s"
 
 
+def _spec_lines(spec: DeviceSpec) -> list[str]:
+    """describe() rows of one device spec: peak rates, memory bandwidth, memory."""
+    lines = [f"    {'peak ' + k:<20} {_flops_text(v):>16}" for k, v in spec.peak_flops]
+    lines.append(f"    {'memory bandwidth':<20} {f'{spec.mem_bandwidth / GB:.1f} GB/s':>16}")
+    lines.append(f"    {'memory':<20} {f'{spec.memory_bytes / GB:.1f} GB':>16}")
+    return lines
+
+
+def _preset_names() -> list[str]:
+    return [*_PRESETS, *_GROUPED_PRESETS]
+
+
 def _lookup_preset(name: str) -> _Preset:
     if name not in _PRESETS:
-        raise ValueError(f"unknown cluster preset {name!r}; presets: {', '.join(_PRESETS)}")
+        raise ValueError(f"unknown cluster preset {name!r}; presets: {', '.join(_preset_names())}")
     return _PRESETS[name]
+
+
+def _build_grouped(name: str, preset: _GroupedPreset, nodes: int, devices: int | None) -> Cluster:
+    """A cluster of a grouped preset, sized as `Cluster.preset` documents."""
+    kinds = len(preset.kinds)
+    if devices is not None and nodes != 1:
+        raise ValueError("pass either nodes= or devices=, not both")
+    if preset.node_link is None:
+        if nodes != 1:
+            default = kinds * preset.kinds[0].count
+            raise ValueError(
+                f"preset {name!r} is one flat network ({preset.summary}): size it with "
+                f"devices= (default {default}), not nodes="
+            )
+        total = devices if devices is not None else kinds * preset.kinds[0].count
+    else:
+        total = devices if devices is not None else nodes * kinds * preset.node_link.group_size
+    if total % kinds:
+        raise ValueError(
+            f"preset {name!r} has {kinds} device kinds in equal numbers ({preset.summary}): "
+            f"devices must be a multiple of {kinds}, got {total}"
+        )
+    per_kind = total // kinds
+    if preset.node_link is None:
+        levels: tuple[LinkLevel, ...] = (replace(preset.network, group_size=total),)
+    else:
+        per_node = preset.node_link.group_size
+        if per_kind > per_node and per_kind % per_node:
+            raise ValueError(
+                f"{total} devices give {per_kind} of each kind, which do not split into nodes "
+                f"of {per_node} ({preset.summary}); use a multiple of {kinds * per_node}, or "
+                f"at most {kinds * per_node} for part of one node of each kind"
+            )
+        inner = min(per_kind, per_node)
+        node_level = replace(preset.node_link, group_size=inner)
+        if inner == total:
+            levels = (node_level,)
+        else:
+            shared = math.gcd(preset.network.shared_by, inner)
+            network = replace(preset.network, group_size=total, shared_by=shared)
+            levels = (node_level, network)
+    if kinds == 1:
+        # One kind: a plain homogeneous cluster, its caps folded into the levels.
+        only = preset.kinds[0]
+        levels = tuple(
+            replace(level, bandwidth=min(level.bandwidth, only.bandwidth_cap(level.name)))
+            for level in levels
+        )
+        return Cluster(name=name, device=only.device, num_devices=total, levels=levels)
+    groups = tuple(replace(kind, count=per_kind) for kind in preset.kinds)
+    return Cluster.from_groups(name, groups, levels)
+
+
+def _grouped_hint(name: str, preset: _GroupedPreset, needed: int) -> str:
+    """The `Cluster.preset` call of a grouped preset that holds `needed` devices."""
+    kinds = len(preset.kinds)
+    per_kind = math.ceil(needed / kinds)
+    if preset.node_link is None:
+        return f"Cluster.preset({name!r}, devices={per_kind * kinds})"
+    nodes = math.ceil(per_kind / preset.node_link.group_size)
+    sizing = f", nodes={nodes}" if nodes > 1 else ""
+    return f"Cluster.preset({name!r}{sizing})"
 
 
 def _match_gpu_kind(device_kind: str) -> str | None:
@@ -608,6 +1090,50 @@ def _check_levels(name: str, num_devices: int, levels: tuple[LinkLevel, ...]) ->
                 f"cluster {name!r}: level {level.name!r} shared_by={level.shared_by} must divide "
                 f"the inner group size {inner_size}"
             )
+
+
+def _check_groups(cluster: Cluster) -> None:
+    """Raise ValueError unless `cluster.groups` fits the cluster as Cluster.groups documents."""
+    groups, name = cluster.groups, cluster.name
+    if not groups:
+        return
+    if not all(isinstance(group, DeviceGroup) for group in groups):
+        raise ValueError(f"cluster {name!r}: groups must be DeviceGroup objects")
+    total = sum(group.count for group in groups)
+    if total != cluster.num_devices:
+        counts = " + ".join(f"{group.name}: {group.count}" for group in groups)
+        raise ValueError(
+            f"cluster {name!r}: device groups hold {total} devices ({counts}) but num_devices is "
+            f"{cluster.num_devices}; the counts must sum to num_devices"
+        )
+    if cluster.device != groups[0].device:
+        raise ValueError(
+            f"cluster {name!r}: device must be the first group's spec "
+            f"({groups[0].device.name!r}), got {cluster.device.name!r}; "
+            f"Cluster.from_groups sets it"
+        )
+    level_names = {level.name for level in cluster.levels}
+    for group in groups:
+        unknown = sorted({k for k, _ in group.level_bandwidths} - level_names)
+        if unknown:
+            raise ValueError(
+                f"cluster {name!r}: group {group.name!r} caps levels {unknown}, but the "
+                f"cluster's levels are {[level.name for level in cluster.levels]}"
+            )
+    if len(cluster.levels) == 1:
+        return  # one flat level: every device reaches every other the same way, any split fits
+    inner = cluster.levels[0]
+    start = 0
+    for group in groups:
+        stop = start + group.count
+        if start % inner.group_size or stop % inner.group_size:
+            raise ValueError(
+                f"cluster {name!r}: group {group.name!r} (devices {start}..{stop - 1}) splits a "
+                f"block of the innermost level {inner.name!r} ({inner.group_size} devices): "
+                f"every node must hold one device kind, so group counts must be multiples of "
+                f"{inner.group_size} (a flat single-level cluster may split anywhere)"
+            )
+        start = stop
 
 
 def _mesh_shape(mesh_shape: Sequence[int]) -> tuple[int, ...]:

@@ -23,7 +23,14 @@ def _names(levels: tuple[LinkLevel, ...]) -> list[str]:
 
 
 def test_presets_lists_the_documented_names() -> None:
-    assert Cluster.presets() == ["p100", "dgx-h100", "cpu"]
+    assert Cluster.presets() == [
+        "p100",
+        "dgx-h100",
+        "cpu",
+        "accpar-tpu",
+        "accpar-tpu-homogeneous",
+        "mixed-gpu",
+    ]
 
 
 def test_p100_matches_datasheet_and_optcnn_setup() -> None:
@@ -137,6 +144,24 @@ def test_axis_bandwidths_split_a_shared_network_card() -> None:
     # DGX H100: one NIC per GPU, so eight concurrent cross-node pairs do not contend.
     dgx = Cluster.preset("dgx-h100", nodes=2)
     assert dgx.axis_bandwidths((2, 8)) == pytest.approx((50e9, 450e9))
+
+
+def test_homogeneous_cluster_reports_one_implicit_group() -> None:
+    cluster = Cluster.preset("p100", nodes=2)
+    assert cluster.groups == () and not cluster.heterogeneous
+    (group,) = cluster.all_groups()
+    assert (group.device, group.count) == (cluster.device, 8)
+    assert cluster.group_slices() == (slice(0, 8),)
+    assert cluster.group_of(7) == 0 and cluster.group_ids().tolist() == [0] * 8
+    assert cluster.device_flops("float16") == pytest.approx([21.2e12] * 8)
+    assert cluster.device_bandwidth() == pytest.approx([12.5e9] * 8)  # outermost level
+    assert cluster.device_bandwidth(0) == pytest.approx([20e9] * 8)
+    assert cluster.bandwidth_between(0, 1) == 20e9 and cluster.bandwidth_between(0, 4) == 12.5e9
+    assert not cluster.axis_spans_groups((2, 4), 0)
+    assert cluster.axis_device_groups((2, 4), 1) == ((0,), (0,))
+    per_device = cluster.axis_device_bandwidths((4, 2), 0)
+    assert per_device.shape == (4, 2)
+    assert per_device == pytest.approx(np.full((4, 2), cluster.axis_bandwidths((4, 2))[0]))
 
 
 # ---- errors -----------------------------------------------------------------------------------
