@@ -315,6 +315,16 @@ def halo_bytes(node: Node, cfg: Config, ng: NodeGraph, sizes: Sequence[int]) -> 
     return total
 
 
+def halo_time(node: Node, cfg: Config, ng: NodeGraph, mesh: MeshAxes) -> float:
+    """Time of the halo exchange: a collective-permute of `halo_bytes` over the split axes."""
+    hb = halo_bytes(node, cfg, ng, mesh.sizes)
+    if not hb:
+        return 0.0
+    axes = [a for a, d in enumerate(cfg) if d >= 0 and node.space.halo[d]]
+    n, bw, lat = mesh.group(axes)
+    return transfer_time(PERMUTE, hb, n, bw, lat)
+
+
 def member_compute_time(ng: NodeGraph, node: Node, cfg: Config, params: CostParams) -> float:
     """t_C of a node: roofline of each member's per-device shard."""
     sizes = params.mesh.sizes
@@ -385,15 +395,25 @@ def compute_times(
     return total
 
 
-def unary_costs(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams):
+def unary_costs(
+    ng: NodeGraph,
+    node: Node,
+    cfgs: Sequence[Config],
+    params: CostParams,
+    compute: np.ndarray | None = None,
+) -> np.ndarray:
     """Objective value of every configuration of a node (the search's unary table).
 
-    Equal to ``objective_value(node_cost(...))`` per configuration; compute is vectorized and
-    the (rarer) reductions and halos are added per configuration only where they occur.
+    Equal to ``objective_value(node_cost(...))`` per configuration; compute is vectorized (or
+    given: ``compute_times``) and the rarer reductions and halos are added per configuration
+    only where they occur.
     """
     mesh = params.mesh
     time_obj = params.objective != "comm"
-    out = compute_times(ng, node, cfgs, params) if time_obj else np.zeros(len(cfgs))
+    if not time_obj:
+        out = np.zeros(len(cfgs))
+    else:
+        out = np.array(compute if compute is not None else compute_times(ng, node, cfgs, params))
     red_dims = set(node.space.reduce_dims)
     may_halo = bool(node.space.halo) and any(node.space.halo)
     if node.anchor < 0 or not (red_dims or may_halo):
@@ -412,9 +432,7 @@ def unary_costs(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostP
             n, bw, lat = mesh.group(r.axes)
             out[i] += transfer_time(ALL_REDUCE, r.nbytes, n, bw, lat)
         if hb:
-            axes = [a for a, d in enumerate(cfg) if d >= 0 and node.space.halo[d]]
-            n, bw, lat = mesh.group(axes)
-            out[i] += transfer_time(PERMUTE, hb, n, bw, lat)
+            out[i] += halo_time(node, cfg, ng, mesh)
     return out
 
 
@@ -436,11 +454,7 @@ def node_cost(ng: NodeGraph, node: Node, cfg: Config, params: CostParams) -> Nod
         n, bw, lat = mesh.group(r.axes)
         red_t += transfer_time(ALL_REDUCE, r.nbytes, n, bw, lat)
     hb = halo_bytes(node, cfg, ng, mesh.sizes)
-    halo_t = 0.0
-    if hb:
-        axes = [a for a, d in enumerate(cfg) if d >= 0 and node.space.halo[d]]
-        n, bw, lat = mesh.group(axes)
-        halo_t = transfer_time(PERMUTE, hb, n, bw, lat)
+    halo_t = halo_time(node, cfg, ng, mesh) if hb else 0.0
     return NodeCost(
         member_compute_time(ng, node, cfg, params),
         red_t,

@@ -30,10 +30,13 @@ from .cost import (
     CostParams,
     EdgeUse,
     MeshAxes,
+    NodeCost,
     ReshardTables,
     Spec,
+    compute_times,
     edge_uses,
     halo_bytes,
+    halo_time,
     node_configs,
     node_cost,
     node_reductions,
@@ -476,15 +479,23 @@ def evaluate_plan(
     batch: list[set[int]],
     labels: list[str],
     feedback: set[int],
+    compute: list[np.ndarray] | None = None,
 ) -> Evaluation:
-    """Cost and predicted collectives of an assignment (reshards counted once per layout)."""
+    """Cost and predicted collectives of an assignment (reshards counted once per layout).
+
+    ``compute``: per node, t_C of every configuration (`compute_times`), when already known.
+    """
     mesh = params.mesh
     rows = [{"t_C": 0.0, "t_X": 0.0, "t_S": 0.0, "bytes": 0.0} for _ in ng.nodes]
     colls: list[Collective] = []
     program = ng.program
     for node in ng.nodes:
         cfg = configs[node.index][assignment[node.index]]
-        c = node_cost(ng, node, cfg, params)
+        if compute is None:
+            c = node_cost(ng, node, cfg, params)
+        else:
+            halo = halo_time(node, cfg, ng, mesh) if node.space.halo else 0.0
+            c = NodeCost(float(compute[node.index][assignment[node.index]]), 0.0, halo, 0.0)
         row = rows[node.index]
         row["t_C"] += c.compute
         red_dims = set(node.space.reduce_dims)
@@ -644,9 +655,10 @@ def make_plan(
     if pins:
         for node_index, cfg in pinned_configs(ng, pins, names, sizes).items():
             configs[node_index] = [cfg]
-    unary = []
+    unary, compute = [], []
     for node, cfgs in zip(ng.nodes, configs, strict=True):
-        unary.append(unary_costs(ng, node, cfgs, params))
+        compute.append(compute_times(ng, node, cfgs, params))
+        unary.append(unary_costs(ng, node, cfgs, params, compute[-1]))
         say.tick("costs", f"compute/sync tables of {len(unary)}/{len(ng.nodes)} nodes")
     problem = Problem(unary=unary, edges={})
     uses = edge_uses(ng, pairs)
@@ -665,7 +677,7 @@ def make_plan(
     feedback = {t for t, _ in pairs}
 
     def ev(assign: list[int]) -> Evaluation:
-        return evaluate_plan(ng, configs, assign, uses, params, batch, labels, feedback)
+        return evaluate_plan(ng, configs, assign, uses, params, batch, labels, feedback, compute)
 
     base_assign = {
         s: baseline_assignment(s, ng, configs, batch, sizes) for s in ("data", "model", "owt")

@@ -103,3 +103,11 @@ def test_vectorized_unary_matches_per_config_cost(name, mesh, objective):
         np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-300)
         checked += len(cfgs)
     assert checked > 500
+    # the plan's evaluation (fed the vectorized compute tables) equals the per-node one
+    from jaxpar.plan import evaluate_plan
+
+    c = plan.context
+    args = (plan.ng, plan.configs, plan.assignment, plan.uses, params, plan.batch, plan.labels)
+    slow_eval = evaluate_plan(*args, {t for t, _ in c["pairs"]})
+    assert slow_eval.cost.step_s == pytest.approx(plan.cost.step_s, rel=1e-12)
+    assert slow_eval.cost.comm_bytes == pytest.approx(plan.cost.comm_bytes, rel=1e-12)
