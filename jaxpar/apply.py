@@ -264,6 +264,7 @@ def auto_shard(
     cluster: Any = None,
     strategy: str = "auto",
     objective: str = "time",
+    search: str = "elimination",
     donate_argnums: tuple[int, ...] | int = (),
     in_specs: Any = None,
     options: PlannerOptions | None = None,
@@ -272,13 +273,16 @@ def auto_shard(
 
     Usable bare (``@jaxpar.auto_shard``: a 1-D "data" mesh over all devices, cluster detected) or
     with arguments. ``in_specs``: optional pytree prefix of PartitionSpecs pinning argument
-    layouts (None leaves free).
+    layouts (None leaves free). ``search``: "elimination" (joint, default) or "kcut" (SoyBean's
+    one cut per mesh axis, slowest interconnect first); see `PlannerOptions`.
     """
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
-    opts = options or PlannerOptions(strategy=strategy, objective=objective)
+    opts = options or PlannerOptions(strategy=strategy, objective=objective, search=search)
     if options is not None and (strategy != "auto" or objective != "time"):
         opts = dataclasses.replace(options, strategy=strategy, objective=objective)
+    if options is not None and search != "elimination":
+        opts = dataclasses.replace(opts, search=search)
 
     def wrap(f: Any) -> AutoSharded:
         return AutoSharded(f, mesh, cluster, opts, donate_argnums, in_specs)
@@ -293,16 +297,20 @@ def plan(
     cluster: Any = None,
     strategy: str = "auto",
     objective: str = "time",
+    search: str = "elimination",
     in_specs: Any = None,
     options: PlannerOptions | None = None,
     progress: Progress | None = None,
 ) -> Plan:
     """Plan ``fn(*args)`` without running it. Arguments may be arrays or ShapeDtypeStructs; the
     mesh may be a dict ``{"node": 4, "gpu": 4}`` (no devices needed) or a jax Mesh.
-    ``progress(stage, detail)``, if given, is called as each planning stage finishes."""
-    opts = options or PlannerOptions(strategy=strategy, objective=objective)
+    ``progress(stage, detail)``, if given, is called as each planning stage finishes.
+    ``search``: "elimination" (joint, default) or "kcut" (SoyBean); see `PlannerOptions`."""
+    opts = options or PlannerOptions(strategy=strategy, objective=objective, search=search)
     if options is not None and (strategy != "auto" or objective != "time"):
         opts = dataclasses.replace(options, strategy=strategy, objective=objective)
+    if options is not None and search != "elimination":
+        opts = dataclasses.replace(opts, search=search)
     cl = resolve_cluster(cluster, mesh)
     platform = mesh.devices.reshape(-1)[0].platform if isinstance(mesh, Mesh) else "abstract"
     return make_plan(fn, args, mesh, cl, opts, in_specs, platform, progress)

@@ -46,12 +46,21 @@ from .cost import (
     unary_costs,
 )
 from .graph import BACKWARD, FORWARD, UPDATE, Program, shape_str
+from .kcut import certified, cut_order, kcut, project, restrict
 from .merge import NodeGraph, build_nodes
 from .search import Problem, evaluate, solve
-from .strategies import STRATEGIES, baseline_assignment, batch_dims, node_labels
+from .strategies import (
+    BASELINES,
+    STRATEGIES,
+    baseline_assignment,
+    batch_dims,
+    hypar_space,
+    node_labels,
+)
 from .trace import is_array_leaf, trace
 
 OBJECTIVES = ("time", "comm")
+SEARCHES = ("elimination", "kcut")  # joint elimination (OptCNN) / one DP per mesh axis (SoyBean)
 Progress = Callable[[str, str], None]  # progress(stage, detail) after each planning stage
 
 
@@ -59,8 +68,13 @@ Progress = Callable[[str, str], None]  # progress(stage, detail) after each plan
 class PlannerOptions:
     """How to plan."""
 
-    strategy: str = "auto"  # "auto" (search) or a baseline: "data", "model", "owt"
+    strategy: str = "auto"  # "auto" (search), "hypar" (search over HyPar's Type-I/II space)
+    # or a fixed baseline: "data", "model", "owt"
     objective: str = "time"  # "time": OptCNN Eq. 1; "comm": SoyBean's bytes moved
+    search: str = "elimination"  # "elimination": joint DP over all mesh axes (OptCNN Alg. 1);
+    # "kcut": SoyBean's k-cut, one exact DP per mesh axis, slowest link first. Either way the
+    # other search runs too (same tables) and `Plan.comparison()` shows both, unless:
+    compare_searches: bool = True  # False: run only `search` (saves its time; no comparison)
     batch_argnums: tuple[int, ...] | None = None  # args whose leaves carry the batch on dim 0;
     # None: every argument but the first (the state), or the only argument
     table_budget: float = 4e6  # largest elimination table (entries) for the exact attempt
@@ -73,6 +87,11 @@ class PlannerOptions:
             raise ValueError(f"strategy={self.strategy!r}; choose one of {STRATEGIES}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective={self.objective!r}; choose one of {OBJECTIVES}")
+        if self.search not in SEARCHES:
+            raise ValueError(
+                f"search={self.search!r}; choose one of {SEARCHES} (joint elimination, or "
+                "SoyBean's k-cut: one cut per mesh axis, slowest interconnect first)"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +293,9 @@ class Plan:
             lines.append(
                 f"{name + mark:<9} {c.step_s * 1e3:10.4f} {c.comm_bytes / 1e6:10.4f} {speed:7.2f}x"
             )
+        searches = self.context.get("search_costs", {})
+        if len(searches) > 1:
+            lines.append(_search_line(self.context, self.stats.get("search")))
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -339,6 +361,23 @@ _SHARED_STATS = (
     "edges",
     "max_configs",
 )
+
+
+def _search_line(context: dict[str, Any], chosen: str | None) -> str:
+    """Both searches' results on the same tables, and which one wins by how much."""
+    costs, objective = context["search_costs"], context["objective"]
+    unit = (lambda c: f"{c.comm_bytes / 1e6:.4f} MB") if objective == "comm" else None
+    unit = unit or (lambda c: f"{c.step_s * 1e3:.4f} ms")
+    key = (lambda c: c.comm_bytes) if objective == "comm" else (lambda c: c.step_s)
+    parts = [f"{n}{'*' if n == chosen else ''} {unit(c)}" for n, c in costs.items()]
+    elim, kc = key(costs["elimination"]), key(costs["kcut"])
+    if math.isclose(elim, kc, rel_tol=1e-9, abs_tol=1e-15):
+        verdict = "same cost"
+    elif elim < kc:
+        verdict = f"joint elimination wins by {(kc - elim) / kc:.1%}"
+    else:
+        verdict = f"k-cut wins by {(elim - kc) / elim:.1%}"
+    return f"search ({context['search_strategy']}): " + ", ".join(parts) + f"; {verdict}"
 
 
 def _phase_name(phase: str) -> str:
@@ -679,26 +718,53 @@ def make_plan(
     def ev(assign: list[int]) -> Evaluation:
         return evaluate_plan(ng, configs, assign, uses, params, batch, labels, feedback, compute)
 
-    base_assign = {
-        s: baseline_assignment(s, ng, configs, batch, sizes) for s in ("data", "model", "owt")
-    }
+    base_assign = {s: baseline_assignment(s, ng, configs, batch, sizes) for s in BASELINES}
     base_eval = {s: ev(a) for s, a in base_assign.items()}
     stats: dict[str, Any] = {}
-    if options.strategy == "auto":
-        sol = solve(
-            problem,
-            starts=list(base_assign.values()),
-            table_budget=options.table_budget,
-            enum_budget=options.enum_budget,
-            max_rounds=options.max_rounds,
-            block_budget=options.block_budget,
-            on_round=lambda detail: say.tick("search", detail, every=0.0),
-        )
-        assignment, optimal, stats = sol.assignment, sol.optimal, dict(sol.stats)
-        stats["objective"] = sol.objective
-        evaluation = ev(assignment)
+    search_costs: dict[str, PlanCost] = {}
+    if options.strategy in ("auto", "hypar"):
+        space = None  # per node, the configuration indices the strategy may use
+        if options.strategy == "hypar":
+            space = hypar_space(ng, configs, batch, base_assign["data"])
+        runs = {}
+        names = [options.search]
+        if options.compare_searches:
+            names += [s for s in SEARCHES if s != options.search]
+        # k-cut first: when joint elimination is not exact, k-cut's plan is one more start
+        # for its block descent (on wide steps it is often the best start)
+        names.sort(key=lambda n: n != "kcut")
+        for name in names:
+            t1 = time.perf_counter()
+            if name == "elimination":
+                extra = [runs["kcut"][0]] if "kcut" in runs else []
+                runs[name] = _eliminate(problem, space, base_assign, options, say, extra)
+            else:
+                runs[name] = _kcut(
+                    problem, configs, space, base_assign, options, params, ng, uses, say
+                )
+            runs[name][3]["time_s"] = time.perf_counter() - t1
+        if "kcut" in runs and "elimination" in runs:  # certified if it meets elimination's
+            elim, kc = runs["elimination"], runs["kcut"]
+            runs["kcut"] = (kc[0], kc[1], certified(kc[1], elim[1], elim[2]), kc[3])
+        assignment, objective, optimal, stats = runs[options.search]
+        stats = dict(stats)
+        stats["objective"] = objective
+        stats["search"] = options.search
+        stats["search_objectives"] = {n: r[1] for n, r in runs.items()}
+        stats["search_times"] = {n: r[3]["time_s"] for n, r in runs.items()}
+        stats["search_optimal"] = {n: r[2] for n, r in runs.items()}
+        if "kcut" in runs:
+            stats["kcut_cuts"] = runs["kcut"][3]["cuts"]
+            stats["kcut_exact"] = runs["kcut"][3]["exact"]
+        evals = {n: ev(r[0]) for n, r in runs.items()}
+        search_costs = {n: e.cost for n, e in evals.items()}
+        evaluation = evals[options.search]
         # never report a plan worse than a baseline under the reported (deduplicated) cost
-        best = min(base_eval, key=lambda s: _score(base_eval[s], options.objective))
+        # (hypar: only baselines inside its space, i.e. data parallel)
+        allowed = [
+            s for s in base_eval if space is None or project(base_assign[s], space) is not None
+        ]
+        best = min(allowed, key=lambda s: _score(base_eval[s], options.objective))
         if _score(base_eval[best], options.objective) < _score(evaluation, options.objective):
             assignment, evaluation, optimal = base_assign[best], base_eval[best], False
             stats["fell_back_to"] = best
@@ -737,8 +803,107 @@ def make_plan(
         pairs=pairs,
         base_assign=base_assign,
         base_eval=base_eval,
+        search_costs=search_costs,  # search name -> cost of its result (auto/hypar plans)
+        search_strategy=options.strategy,
     )
     return assemble_plan(context, options.strategy, assignment, evaluation, optimal, stats)
+
+
+# ---------------------------------------------------------------- the two searches
+# each returns (assignment, search objective, certified optimal, stats)
+
+
+def _eliminate(problem, space, base_assign, options, say, extra_starts=()):
+    """Joint elimination (`search.solve`) over the whole space or over ``space`` (HyPar).
+
+    When the step is too wide to eliminate exactly, block descent starts from the baselines and
+    from ``extra_starts`` (k-cut's plan).
+    """
+    starts = [*base_assign.values(), *extra_starts]
+    sub = problem
+    if space is not None:
+        sub = restrict(problem, space)
+        starts = [p for p in (project(s, space) for s in starts) if p is not None]
+    sol = solve(
+        sub,
+        starts=starts,
+        table_budget=options.table_budget,
+        enum_budget=options.enum_budget,
+        max_rounds=options.max_rounds,
+        block_budget=options.block_budget,
+        on_round=lambda detail: say.tick("search", detail, every=0.0),
+    )
+    assignment = sol.assignment
+    if space is not None:
+        assignment = [space[v][i] for v, i in enumerate(assignment)]
+    return assignment, sol.objective, sol.optimal, dict(sol.stats)
+
+
+def _kcut(problem, configs, space, base_assign, options, params, ng, uses, say):
+    """SoyBean's k-cut (`kcut.kcut`), one cut per mesh axis, slowest interconnect first.
+
+    Under ``objective="comm"`` contractions only have full-degree configurations, which a cut
+    that leaves later axes unused cannot pass through: k-cut then runs on tables over every
+    configuration (`_unfiltered_problem`) and may only end on the planner's own ones.
+    """
+    mesh = params.mesh
+    n = len(configs)
+    final = space if space is not None else [list(range(len(c))) for c in configs]
+    starts = list(base_assign.values())
+    tables_s = 0.0
+    if params.objective == "comm":
+        t0 = time.perf_counter()
+        ext_configs, ext = _unfiltered_problem(ng, configs, params, uses, problem.blocks)
+        tables_s = time.perf_counter() - t0
+        index = [{c: i for i, c in enumerate(e)} for e in ext_configs]
+        final = [[index[v][configs[v][i]] for i in final[v]] for v in range(n)]
+        starts = [[index[v][configs[v][a]] for v, a in enumerate(s)] for s in starts]
+    else:
+        ext_configs, ext = configs, problem
+    res = kcut(
+        ext,
+        ext_configs,
+        mesh.sizes,
+        mesh.bandwidth,
+        final=final,
+        starts=starts,
+        table_budget=options.table_budget,
+        enum_budget=options.enum_budget,
+        block_budget=options.block_budget,
+        max_rounds=options.max_rounds,
+    )
+    say.tick("search", f"k-cut: {len(res.cuts)} cuts", every=0.0)
+    assignment = res.assignment
+    if ext is not problem:
+        back = [{c: i for i, c in enumerate(cf)} for cf in configs]
+        assignment = [back[v][ext_configs[v][a]] for v, a in enumerate(assignment)]
+    cuts = [dict(c.as_dict(), axis_name=mesh.names[c.axis]) for c in res.cuts]
+    stats = {
+        "method": "k-cut",
+        "order": [mesh.names[a] for a in cut_order(mesh.sizes, mesh.bandwidth)],
+        "cuts": cuts,
+        "exact": res.exact_cuts,
+        "tables_s": tables_s,  # building tables over every configuration ("comm" only)
+    }
+    return assignment, evaluate(problem, assignment), False, stats
+
+
+def _unfiltered_problem(ng, configs, params, uses, blocks):
+    """Tables over every configuration (no full-degree filter for contractions)."""
+    loose = dataclasses.replace(params, objective="time")
+    ext_configs = []
+    for node, cfgs in zip(ng.nodes, configs, strict=True):
+        every = node_configs(ng, node, loose)
+        ext_configs.append(every if set(cfgs) <= set(every) else cfgs)
+    unary = [
+        unary_costs(ng, node, cfgs, params, compute_times(ng, node, cfgs, params))
+        for node, cfgs in zip(ng.nodes, ext_configs, strict=True)
+    ]
+    ext = Problem(unary=unary, edges={}, blocks=blocks)
+    tables = ReshardTables(ng, ext_configs, params)
+    for use in uses:
+        ext.add_edge(use.src, use.dst, tables.table(use))
+    return ext_configs, ext
 
 
 def assemble_plan(

@@ -6,6 +6,19 @@
   the whole mesh — OptCNN's "model parallelism", Megatron-style column splits.
 - ``owt``: Krizhevsky's "one weird trick": data parallelism for convolutional layers, model
   parallelism for dense layers.
+- ``hypar``: HyPar (Song et al., HPCA 2019), as AccPar §3.5 describes it: per layer, a choice
+  between data parallelism and model parallelism only, i.e. AccPar's Type-I (split the batch B)
+  and Type-II (split the layer's input features D_i), never Type-III (split D_o), with a binary
+  hierarchical partition (every level splits the devices in two). Unlike the other baselines it is
+  a *search*: the planner's search (elimination or k-cut) over a restricted space, built by
+  `hypar_space`. In jaxpar terms, for every contraction node (dot_general / conv) each mesh axis
+  goes to a batch dim (Type-I) or to the node's Type-II dim (`type2_dims`); every axis is used,
+  as every HyPar level splits (an axis of size 2^j stands for j levels that take the same type).
+  The data-parallel configuration of the node is always kept (it leaves an axis unused only when
+  the batch does not divide), so HyPar is never worse than ``data``. Other nodes (elementwise,
+  reductions, optimizer updates, inputs) keep their whole space: HyPar types layers, and the
+  layouts between layers are priced by the same inter-layer conversion costs, which our search
+  minimizes over. Equal partitioning (no heterogeneity ratio α) holds throughout the planner.
 
 Batch dimensions are found by propagating "this dim is the batch" from dim 0 of the batch
 arguments through every equation's dimension maps. Pure.
@@ -16,10 +29,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .cost import Config
-from .graph import layer_from_param_path, param_labels
+from .graph import BACKWARD, FORWARD, layer_from_param_path, param_labels, phase_of
 from .merge import NodeGraph
 
-STRATEGIES = ("auto", "data", "model", "owt")
+STRATEGIES = ("auto", "data", "model", "owt", "hypar")
+BASELINES = ("data", "model", "owt")  # fixed rules: no search, always computed while planning
+CONTRACTIONS = ("dot_general", "conv_general_dilated")
 
 
 def batch_dims(ng: NodeGraph, batch_tensors: Sequence[int]) -> list[set[int]]:
@@ -74,8 +89,8 @@ def baseline_assignment(
     sizes: Sequence[int],
 ) -> list[int]:
     """One configuration index per node for a baseline strategy."""
-    if strategy not in ("data", "model", "owt"):
-        raise ValueError(f"unknown baseline {strategy!r}; choose one of {STRATEGIES}")
+    if strategy not in BASELINES:
+        raise ValueError(f"unknown baseline {strategy!r}; choose one of {BASELINES}")
     kinds = layer_kinds(ng)
     labels = node_labels(ng)
     out = []
@@ -135,3 +150,79 @@ def layer_kinds(ng: NodeGraph) -> dict[str, str]:
         elif prim == "dot_general" and kinds.get(node.label) != "conv":
             kinds[node.label] = "dense"
     return kinds
+
+
+# ---------------------------------------------------------------- HyPar (AccPar §3.5)
+
+
+def forward_reads(ng: NodeGraph) -> set[int]:
+    """Tensors read by forward-pass contractions (the layers' inputs F_l and weights W_l)."""
+    out: set[int] = set()
+    for eqn in ng.program.eqns:
+        if eqn.primitive in CONTRACTIONS and phase_of(eqn.name_stack) == FORWARD:
+            out.update(t for t in eqn.inputs if t is not None)
+    return out
+
+
+def type2_dims(
+    ng: NodeGraph, node_index: int, batch: set[int], fwd_reads: set[int] | None = None
+) -> set[int]:
+    """Iteration dims of a contraction node that carry the layer's input features D_i (Type-II).
+
+    AccPar Table 3 (rotational symmetry), for ``F_{l+1} = F_l W_l``:
+
+    - forward ``F_l × W_l``: D_i is contracted: the non-batch reduced dims;
+    - backward ``E_{l+1} × W_l^T`` (the operand without a batch dim is the weight): D_i is the
+      weight's dim that is not contracted, i.e. the result's feature dim;
+    - weight gradient ``F_l^T × E_{l+1}`` (the batch is contracted): D_i is the result dim that
+      comes from the forward activation F_l, the operand a forward contraction also reads
+    (``fwd_reads``: `forward_reads`, computed when not given).
+
+    Contractions that are not layers (attention scores, ...) take the forward rule.
+    """
+    node = ng.nodes[node_index]
+    eqn = ng.program.eqns[node.anchor]
+    member = next(m for m in node.members if m.eqn == node.anchor)
+    reduce = set(node.space.reduce_dims)
+    operands = [
+        (t, {d for d in mp if d is not None})
+        for t, mp in zip(eqn.inputs, member.in_maps, strict=True)
+        if t is not None and mp is not None
+    ]
+    if phase_of(eqn.name_stack) == BACKWARD and len(operands) == 2:
+        weights = [dims for _, dims in operands if not dims & batch]
+        if len(weights) == 1:
+            return weights[0] - reduce
+        if batch & reduce:  # weight gradient: the free dims of the forward activation
+            if fwd_reads is None:
+                fwd_reads = forward_reads(ng)
+            for t, dims in operands:
+                if t in fwd_reads:
+                    return dims - reduce - batch
+            return operands[0][1] - reduce - batch
+    return reduce - batch
+
+
+def hypar_space(
+    ng: NodeGraph,
+    configs: list[list[Config]],
+    batch: list[set[int]],
+    data: Sequence[int],
+) -> list[list[int]]:
+    """Per node, the configuration indices HyPar may use (see the module docstring).
+
+    ``data``: the data-parallel baseline assignment, whose configuration every node keeps.
+    """
+    keep = []
+    fwd = forward_reads(ng)
+    for node, cfgs in zip(ng.nodes, configs, strict=True):
+        contraction = node.anchor >= 0 and ng.program.eqns[node.anchor].primitive in CONTRACTIONS
+        if not contraction or len(cfgs) == 1:
+            keep.append(list(range(len(cfgs))))
+            continue
+        dims = batch[node.index] | type2_dims(ng, node.index, batch[node.index], fwd)
+        ok = [i for i, c in enumerate(cfgs) if all(d in dims for d in c)]
+        if data[node.index] not in ok:
+            ok = sorted({*ok, data[node.index]})
+        keep.append(ok)
+    return keep
