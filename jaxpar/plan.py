@@ -46,6 +46,7 @@ from .cost import (
     unary_costs,
 )
 from .graph import BACKWARD, FORWARD, UPDATE, Program, shape_str
+from .hetero import MeshSpeeds
 from .kcut import certified, cut_order, kcut, project, restrict
 from .merge import NodeGraph, build_nodes
 from .search import Problem, evaluate, solve
@@ -119,6 +120,11 @@ class PlanCost:
     comm_bytes: float  # bytes sent per device per step
     reshard_s: float  # Σ t_X: resharding, non-gradient partial sums, halos
     sync_s: float  # Σ t_S: gradient all-reduces (partial sums over the batch)
+    # AccPar's ratio split: the same plan with every split that crosses device groups of
+    # different speed partitioned in proportion to speed (Eq. 10); NamedSharding splits evenly,
+    # so step_s is what XLA runs and ratio_step_s what uneven partitioning would give.
+    ratio_step_s: float = math.nan  # t_C with ratios + the same t_X + t_S
+    ratio_compute_s: float = math.nan  # Σ t_C with ratios (= compute_s on homogeneous meshes)
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -199,9 +205,18 @@ class Plan:
         for node, r in zip(self.ng.nodes, self.eval.node_rows, strict=True):
             key = self.labels[node.index] or f"({_phase_name(node.phase)})"
             row = rows.setdefault(
-                key, {"layer": key, "rep": None, "t_C": 0.0, "t_X": 0.0, "t_S": 0.0, "bytes": 0.0}
+                key,
+                {
+                    "layer": key,
+                    "rep": None,
+                    "t_C": 0.0,
+                    "t_C_ratio": 0.0,
+                    "t_X": 0.0,
+                    "t_S": 0.0,
+                    "bytes": 0.0,
+                },
             )
-            for k in ("t_C", "t_X", "t_S", "bytes"):
+            for k in ("t_C", "t_C_ratio", "t_X", "t_S", "bytes"):
                 row[k] += r[k]
             prim = self.program.eqns[node.anchor].primitive if node.anchor >= 0 else ""
             score = (prim in ("dot_general", "conv_general_dilated"), node.phase == FORWARD)
@@ -224,6 +239,87 @@ class Plan:
             row["spec"] = str(self.partition_spec(self.tensor_specs[tensor]))
             out.append(row)
         return out
+
+    def node_phase(self, node_index: int) -> str:
+        """AccPar's phases: "forward", "backward" (error propagation), "gradient" (contractions
+        over the batch: weight gradients and their synchronization), "update" (optimizer)."""
+        node = self.ng.nodes[node_index]
+        if node.phase == BACKWARD:
+            red = set(node.space.reduce_dims) & set(self.batch[node_index])
+            return "gradient" if red else "backward"
+        return {FORWARD: "forward", UPDATE: "update"}.get(node.phase, "input")
+
+    def phase_rows(self) -> list[dict]:
+        """Per (layer, phase): t_C even and with ratios, t_X, t_S, and on heterogeneous meshes
+        each device group's busy time (even split) and its ratio share α of the layer's work."""
+        speeds = self.context.get("speeds")
+        rows: dict[tuple[str, str], dict] = {}
+        for node, r in zip(self.ng.nodes, self.eval.node_rows, strict=True):
+            layer = self.labels[node.index] or f"({_phase_name(node.phase)})"
+            phase = self.node_phase(node.index)
+            row = rows.setdefault(
+                (layer, phase),
+                {
+                    "layer": layer,
+                    "phase": phase,
+                    "t_C": 0.0,
+                    "t_C_ratio": 0.0,
+                    "t_X": 0.0,
+                    "t_S": 0.0,
+                    "groups": {},
+                    "alpha": {},
+                },
+            )
+            for k in ("t_C", "t_C_ratio", "t_X", "t_S"):
+                row[k] += r[k]
+            if speeds is None or not r["t_C"]:
+                continue
+            cfg = self.configs[node.index][self.assignment[node.index]]
+            dtype = node_dtype(self.ng, node)
+            for g, busy in speeds.slowdown(dtype).items():
+                row["groups"][g] = row["groups"].get(g, 0.0) + r["t_C"] * busy
+            shares = speeds.shares(dtype, split_axes(cfg))
+            if len(shares) > 1:  # only splits that cross groups have a ratio
+                for g, share in shares.items():
+                    # α weighted by compute, so a layer's shares sum to 1
+                    row["alpha"][g] = row["alpha"].get(g, 0.0) + share * r["t_C"]
+        for row in rows.values():
+            total = sum(row["alpha"].values())
+            row["alpha"] = {g: a / total for g, a in row["alpha"].items()} if total else {}
+        return [r for r in rows.values() if r["t_C"] or r["t_X"] or r["t_S"]]
+
+    def heterogeneity_report(self) -> str:
+        """Per layer and phase: each device group's compute time under the even split, the
+        ratio split's time and shares (AccPar Eq. 10). Empty on homogeneous meshes."""
+        speeds = self.context.get("speeds")
+        if speeds is None:
+            return ""
+        rows = self.phase_rows()
+        groups = list(speeds.slowdown("float32"))
+        w = max([len(r["layer"]) for r in rows] + [5])
+        head = (
+            f"{'layer':<{w}}  {'phase':<8} "
+            + " ".join(f"{'t_C ' + g:>16}" for g in groups)
+            + f" {'t_C ratio':>10}  alpha ({', '.join(groups)})"
+        )
+        lines = [
+            "heterogeneous mesh: even split (what XLA runs) vs ratio split (uneven, AccPar Eq. 10);"
+            " times in ms",
+            head,
+            "-" * len(head),
+        ]
+        for r in rows:
+            busy = " ".join(f"{r['groups'].get(g, 0.0) * 1e3:16.4f}" for g in groups)
+            alpha = "/".join(f"{r['alpha'].get(g, 0.0):.2f}" for g in groups) if r["alpha"] else "-"
+            lines.append(
+                f"{r['layer']:<{w}}  {r['phase']:<8} {busy} {r['t_C_ratio'] * 1e3:10.4f}  {alpha}"
+            )
+        c = self.cost
+        lines.append(
+            f"step: even split {c.step_s * 1e3:.4f} ms, ratio split {c.ratio_step_s * 1e3:.4f} ms "
+            f"(compute {c.compute_s * 1e3:.4f} -> {c.ratio_compute_s * 1e3:.4f} ms)"
+        )
+        return "\n".join(lines)
 
     def paper_notation(self, node_index: int, cfg: Config) -> str:
         """Degrees per iteration dim in OptCNN's notation, e.g. ``{n=4, c=2, k=1}``."""
@@ -276,6 +372,9 @@ class Plan:
             f"{len(self.collectives)} collectives"
         )
         lines.append(self.comparison())
+        hetero = self.heterogeneity_report()
+        if hetero:
+            lines.append(hetero)
         return "\n".join(lines)
 
     def comparison(self) -> str:
@@ -413,8 +512,7 @@ def mesh_description(mesh: Any) -> tuple[Any, tuple[str, ...], tuple[int, ...], 
 def mesh_axes_for(cluster: Cluster, names, sizes, ids) -> MeshAxes:
     if ids is not None:
         # cluster device ids are positions in the job's device order (jax device ids)
-        order = {d: i for i, d in enumerate(sorted(np.asarray(ids).reshape(-1).tolist()))}
-        ids = np.vectorize(order.get)(ids)
+        ids = _positions(sizes, ids)
     cluster.check_mesh(sizes, ids)
     links = cluster.axis_links(sizes, ids)
     bws = cluster.axis_bandwidths(sizes, ids)
@@ -519,13 +617,14 @@ def evaluate_plan(
     labels: list[str],
     feedback: set[int],
     compute: list[np.ndarray] | None = None,
+    speeds: MeshSpeeds | None = None,
 ) -> Evaluation:
     """Cost and predicted collectives of an assignment (reshards counted once per layout).
 
     ``compute``: per node, t_C of every configuration (`compute_times`), when already known.
     """
     mesh = params.mesh
-    rows = [{"t_C": 0.0, "t_X": 0.0, "t_S": 0.0, "bytes": 0.0} for _ in ng.nodes]
+    rows = [{"t_C": 0.0, "t_C_ratio": 0.0, "t_X": 0.0, "t_S": 0.0, "bytes": 0.0} for _ in ng.nodes]
     colls: list[Collective] = []
     program = ng.program
     for node in ng.nodes:
@@ -537,6 +636,7 @@ def evaluate_plan(
             c = NodeCost(float(compute[node.index][assignment[node.index]]), 0.0, halo, 0.0)
         row = rows[node.index]
         row["t_C"] += c.compute
+        row["t_C_ratio"] = c.compute * _ratio_factor(ng, node, cfg, speeds)
         red_dims = set(node.space.reduce_dims)
         grad_sync = node.phase == BACKWARD and any(
             cfg[a] in batch[node.index] for a in range(len(cfg)) if cfg[a] in red_dims
@@ -616,6 +716,7 @@ def evaluate_plan(
                 )
             )
     compute = sum(r["t_C"] for r in rows)
+    ratio = sum(r["t_C_ratio"] for r in rows)
     resh = sum(r["t_X"] for r in rows)
     sync = sum(r["t_S"] for r in rows)
     nbytes = sum(r["bytes"] for r in rows)
@@ -626,8 +727,49 @@ def evaluate_plan(
         comm_bytes=nbytes,
         reshard_s=resh,
         sync_s=sync,
+        ratio_step_s=ratio + resh + sync,
+        ratio_compute_s=ratio,
     )
     return Evaluation(cost, colls, rows)
+
+
+def node_dtype(ng: NodeGraph, node) -> str:
+    """The dtype a node computes in (its anchor's first result), for its FLOP rate."""
+    if node.anchor < 0:
+        return "float32"
+    return ng.program.tensors[ng.program.eqns[node.anchor].outputs[0]].dtype
+
+
+def split_axes(cfg: Config) -> tuple[int, ...]:
+    """Mesh axes a configuration splits work over (the rest replicate it)."""
+    return tuple(a for a, d in enumerate(cfg) if d >= 0)
+
+
+def _ratio_factor(ng: NodeGraph, node, cfg: Config, speeds: MeshSpeeds | None) -> float:
+    if speeds is None:
+        return 1.0
+    return speeds.factor(node_dtype(ng, node), split_axes(cfg))
+
+
+def mesh_speeds(cluster: Cluster, sizes: tuple[int, ...], ids) -> MeshSpeeds | None:
+    """Per-device rates shaped like the mesh; None on a homogeneous cluster (all factors 1)."""
+    if not cluster.heterogeneous:
+        return None
+    positions = _positions(sizes, ids)
+    names = tuple(g.name for g in cluster.all_groups())
+    return MeshSpeeds(
+        lambda dtype: cluster.device_flops(dtype)[positions],
+        cluster.group_ids()[positions],
+        names,
+    )
+
+
+def _positions(sizes: tuple[int, ...], ids) -> np.ndarray:
+    """Cluster device position of every mesh slot (jax device ids ranked; abstract: in order)."""
+    if ids is None:
+        return np.arange(math.prod(sizes)).reshape(sizes)
+    order = {d: i for i, d in enumerate(sorted(np.asarray(ids).reshape(-1).tolist()))}
+    return np.vectorize(order.get)(ids)
 
 
 def _score(ev: Evaluation, objective: str) -> float:
@@ -661,13 +803,17 @@ def make_plan(
     t0 = time.perf_counter()
     mesh_obj, names, sizes, ids = mesh_description(mesh)
     mesh_axes = mesh_axes_for(cluster, names, sizes, ids)
-    device = cluster.device_spec(0)
+    # even split: every device runs the same shard, so the mesh's slowest device sets t_C
+    in_mesh = sorted(set(_positions(sizes, ids).reshape(-1).tolist()))
+    specs = {cluster.device_spec(i) for i in in_mesh}
+    dtypes = sorted({k for spec in specs for k, _ in spec.peak_flops})
     params = CostParams(
         mesh=mesh_axes,
-        peak_flops=tuple(device.peak_flops),
-        mem_bandwidth=device.mem_bandwidth,
+        peak_flops=tuple((k, min(spec.flops(k) for spec in specs)) for k in dtypes),
+        mem_bandwidth=min(spec.mem_bandwidth for spec in specs),
         objective=options.objective,
     )
+    speeds = mesh_speeds(cluster, sizes, ids)
     ng = build_nodes(program)
     leaves, arg_treedef = tree_util.tree_flatten(args, is_leaf=lambda x: x is None)
     arg_is_array = [is_array_leaf(x) for x in leaves]
@@ -716,7 +862,9 @@ def make_plan(
     feedback = {t for t, _ in pairs}
 
     def ev(assign: list[int]) -> Evaluation:
-        return evaluate_plan(ng, configs, assign, uses, params, batch, labels, feedback, compute)
+        return evaluate_plan(
+            ng, configs, assign, uses, params, batch, labels, feedback, compute, speeds
+        )
 
     base_assign = {s: baseline_assignment(s, ng, configs, batch, sizes) for s in BASELINES}
     base_eval = {s: ev(a) for s, a in base_assign.items()}
@@ -783,6 +931,7 @@ def make_plan(
     stats["max_configs"] = max(len(c) for c in configs)
     context = dict(
         params=params,
+        speeds=speeds,
         objective=options.objective,
         options=options,
         mesh=mesh_obj,
