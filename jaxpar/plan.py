@@ -12,6 +12,7 @@ written); the two agree except where several readers share a reshard.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import time
@@ -219,7 +220,8 @@ class Plan:
             for k in ("t_C", "t_C_ratio", "t_X", "t_S", "bytes"):
                 row[k] += r[k]
             prim = self.program.eqns[node.anchor].primitive if node.anchor >= 0 else ""
-            score = (prim in ("dot_general", "conv_general_dilated"), node.phase == FORWARD)
+            flops = sum(m.flops for m in node.members)
+            score = (prim in ("dot_general", "conv_general_dilated"), node.phase == FORWARD, flops)
             if row["rep"] is None or score > row["score"]:
                 row["rep"], row["score"] = node.index, score
         # program order: a layer sits where its first computation does (inputs, which are
@@ -329,8 +331,9 @@ class Plan:
         out_map = node.space.out_maps[0] if node.space.out_maps else ()
         if out_map and out_map[-1] is not None and names[out_map[-1]].startswith(("d", "m")):
             names[out_map[-1]] = "c"
-        for d in self.batch[node_index]:
-            names[d] = "n"
+        batch = sorted(self.batch[node_index], key=lambda d: -node.space.sizes[d])
+        if batch:  # the largest batch dim is n (a weight gradient also contracts one)
+            names[batch[0]] = "n"
         parts = []
         for d, name in enumerate(names):
             deg = math.prod(sizes[a] for a, x in enumerate(cfg) if x == d)
@@ -522,7 +525,26 @@ def mesh_axes_for(cluster: Cluster, names, sizes, ids) -> MeshAxes:
         bandwidth=tuple(bws),
         latency=tuple(link.latency for link in links),
         link_names=tuple(link.name for link in links),
+        group_bandwidth=merged_group_bandwidths(cluster, tuple(sizes), ids),
     )
+
+
+def merged_group_bandwidths(cluster: Cluster, sizes: tuple[int, ...], ids) -> tuple:
+    """Bandwidth of collectives over every set of two or more mesh axes (see `MeshAxes`).
+
+    The set's axes are merged into one (mesh order, row-major: the order of the devices in
+    XLA's replica group) and the cluster rates that axis like any other.
+    """
+    positions = _positions(sizes, ids)
+    out = []
+    k = len(sizes)
+    for r in range(2, k + 1):
+        for axes in itertools.combinations(range(k), r):
+            rest = [a for a in range(k) if a not in axes]
+            merged = np.transpose(positions, (*rest, *axes))
+            shape = (*(sizes[a] for a in rest), math.prod(sizes[a] for a in axes))
+            out.append((axes, cluster.axis_bandwidths(shape, merged.reshape(shape))[-1]))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- state feedback and pins

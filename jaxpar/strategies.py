@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .cost import Config
-from .graph import BACKWARD, FORWARD, layer_from_param_path, param_labels, phase_of
+from .graph import BACKWARD, FORWARD, UPDATE, layer_from_param_path, param_labels, phase_of
 from .merge import NodeGraph
 
 STRATEGIES = ("auto", "data", "model", "owt", "hypar")
@@ -61,6 +61,26 @@ def batch_dims(ng: NodeGraph, batch_tensors: Sequence[int]) -> list[set[int]]:
             tb = {i for i, d in enumerate(mp) if d in dims}
             if tb:
                 tensor_batch[t] = tb
+    # Backward: a computed tensor with no batch of its own (the broadcast zero of a ReLU, a
+    # constant mask) that feeds a batch dim takes the batch there too, so data parallelism
+    # splits it instead of computing it whole on every device. Parameters (input nodes) stay.
+    for eqn in reversed(program.eqns):
+        reader = ng.nodes[ng.node_of_eqn[eqn.index]]
+        rdims = node_dims[reader.index]
+        if not rdims:
+            continue
+        m = member_of[eqn.index]
+        for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
+            if t is None or mp is None or t not in ng.node_of_tensor:
+                continue
+            producer = ng.nodes[ng.node_of_tensor[t]]
+            if producer.anchor < 0 or node_dims[producer.index] or producer.fixed:
+                continue
+            tmap = producer.tensor_maps.get(t)
+            if tmap is None:
+                continue
+            dims = {tmap[i] for i, d in enumerate(mp) if d in rdims and tmap[i] is not None}
+            node_dims[producer.index] |= dims
     return node_dims
 
 
@@ -126,15 +146,60 @@ def node_labels(ng: NodeGraph) -> list[str]:
                 if t is not None and t in origin:
                     labels[node.index] = layer_from_param_path(origin[t])
                     break
-    consumers = ng.program.consumers()
+    # Optimizer nodes (no module in their name stack) belong to the layer whose gradient or
+    # parameter they read: OWT then keeps a dense layer's momentum with its weights.
+    # Labels spread along update-phase edges both ways (momentum * b1 reads no gradient, but
+    # its consumer does), until nothing changes.
+    program = ng.program
+    consumers = program.consumers()
+    neighbours: dict[int, set[int]] = {}
+    for node in ng.nodes:
+        if node.anchor < 0 or node.phase != UPDATE:
+            continue
+        for m in node.members:
+            if m.eqn < 0:
+                continue
+            eqn = program.eqns[m.eqn]
+            for t in eqn.inputs:
+                src = ng.node_of_tensor.get(t) if t is not None else None
+                if src is not None and src != node.index:
+                    neighbours.setdefault(node.index, set()).add(src)
+                    neighbours.setdefault(src, set()).add(node.index)
+            for t in eqn.outputs:
+                for e in consumers.get(t, []):
+                    dst = ng.node_of_eqn[e]
+                    if dst != node.index:
+                        neighbours.setdefault(node.index, set()).add(dst)
+    changed = True
+    while changed:
+        changed = False
+        for v, near in neighbours.items():
+            node = ng.nodes[v]
+            if labels[v] or node.anchor < 0 or node.phase != UPDATE:
+                continue
+            found = next((labels[u] for u in sorted(near) if labels[u]), "")
+            if found:
+                labels[v], changed = found, True
     for node in ng.nodes:
         if node.anchor >= 0 or labels[node.index]:
             continue
         for e in consumers.get(node.invar, []):
             reader = ng.nodes[ng.node_of_eqn[e]]
-            if reader.label:
-                labels[node.index] = reader.label
+            if labels[reader.index]:
+                labels[node.index] = labels[reader.index]
                 break
+    # Optimizer state (momentum, Adam moments) mirrors the parameter tree: a state leaf whose
+    # path ends like a labelled parameter's belongs to that parameter's layer.
+    paths = dict(zip(program.invars, program.invar_paths, strict=True))
+    by_suffix: dict[str, str] = {}
+    for node in ng.nodes:
+        if node.anchor < 0 and labels[node.index] and ".params" in paths[node.invar]:
+            by_suffix[paths[node.invar].split(".params", 1)[1]] = labels[node.index]
+    for node in ng.nodes:
+        if node.anchor < 0 and not labels[node.index]:
+            hits = [x for x in by_suffix if x and paths[node.invar].endswith(x)]
+            if hits:
+                labels[node.index] = by_suffix[max(hits, key=len)]
     return labels
 
 

@@ -161,3 +161,25 @@ def test_control_flow_is_one_replicated_node():
     plan = sharded.plan
     prims = {plan.program.eqns[n.anchor].primitive: n for n in plan.ng.nodes if n.anchor >= 0}
     assert prims["scan"].space.replicated and prims["while"].space.replicated
+
+
+def test_baselines_split_batchless_tensors_and_keep_optimizer_state_with_weights():
+    """data: a ReLU's broadcast zero is split on the batch like the activation it meets;
+    owt: a dense layer's momentum takes its kernel's (model-parallel) layout, no regathering."""
+    import models
+
+    ex = models.get("vgg11", small=True)
+    plan = jaxpar.plan(ex.step, *ex.args, mesh={"data": 8}, cluster="p100")
+    data = plan.variant("data")
+    for node in data.ng.nodes:
+        cfg = data.configs[node.index][data.assignment[node.index]]
+        eqn = data.program.eqns[node.anchor] if node.anchor >= 0 else None
+        if eqn is not None and eqn.primitive == "broadcast_in_dim" and data.batch[node.index]:
+            assert any(d in data.batch[node.index] for d in cfg), eqn
+    owt = plan.variant("owt")
+    paths = owt.program.invar_paths
+    for path, spec in zip(paths, owt.invar_specs, strict=True):
+        if "opt_state" in path and "fc" in path and "kernel" in path:
+            param = path.split("opt_state", 1)[0] + "params" + path.rsplit("trace", 1)[1]
+            assert spec == owt.invar_specs[paths.index(param)], path
+    assert not [c for c in owt.collectives if c.reason == "state-feedback"]

@@ -111,3 +111,16 @@ def test_vectorized_unary_matches_per_config_cost(name, mesh, objective):
     slow_eval = evaluate_plan(*args, {t for t, _ in c["pairs"]})
     assert slow_eval.cost.step_s == pytest.approx(plan.cost.step_s, rel=1e-12)
     assert slow_eval.cost.comm_bytes == pytest.approx(plan.cost.comm_bytes, rel=1e-12)
+
+
+def test_collective_over_merged_axes_gets_the_merged_ring_bandwidth():
+    """4 P100 nodes as node=4 x gpu=4: the 4 node-axis rings share each node's one InfiniBand
+    card (12.5/4 GB/s each); one 16-device ring over both axes crosses each card once."""
+    from jaxpar import Cluster
+    from jaxpar.plan import mesh_axes_for
+
+    mesh = mesh_axes_for(Cluster.preset("p100", nodes=4), ("node", "gpu"), (4, 4), None)
+    assert mesh.bandwidth == pytest.approx((12.5e9 / 4, 20e9))
+    n, bw, lat = mesh.group((0, 1))
+    assert n == 16 and bw == pytest.approx(12.5e9) and lat == pytest.approx(5e-6)
+    assert mesh.group((1,))[1] == pytest.approx(20e9)
