@@ -73,7 +73,7 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-STRATEGY_CHOICES = ("auto", "data", "model", "owt", "all")
+STRATEGY_CHOICES = ("auto", "data", "model", "owt", "hypar", "all")
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -182,6 +182,7 @@ def plan_command(args: argparse.Namespace) -> int:
         cluster=cluster,
         strategy=strategy,
         objective=args.objective,
+        search=args.search,
         progress=say,
     )
     names = ("auto", "data", "model", "owt") if args.strategy == "all" else (strategy,)
@@ -275,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     p_plan.add_argument("--batch", type=int, default=None, help="global batch (default: model's)")
     p_plan.add_argument("--strategy", choices=STRATEGY_CHOICES, default="auto")
     p_plan.add_argument("--objective", choices=("time", "comm"), default="time")
+    p_plan.add_argument(
+        "--search",
+        choices=("elimination", "kcut"),
+        default="elimination",
+        help="joint elimination (OptCNN) or SoyBean's k-cut; the report shows both",
+    )
     p_plan.add_argument("--dtype", default="float32", help="parameter/activation dtype")
     p_plan.add_argument("--small", action="store_true", help="the reduced (test) model")
     p_plan.add_argument("--json", metavar="FILE", help="write the plan(s) as JSON")
