@@ -1,5 +1,29 @@
 """Model zoo of Flax train steps for the jaxpar planner.
 
+``NAMES`` are the paper models (full-size configs follow the published architectures; every
+model also has a tiny ``small=True`` config with the same structure):
+
+==============  ===========================================================  ==========
+name            model                                                        parameters
+==============  ===========================================================  ==========
+lenet5          LeNet-5, 28x28x1                                             62K
+alexnet         AlexNet (OptCNN/torchvision), 224x224x3, no LRN              61.1M
+vgg11..vgg19    VGG configurations A/B/D/E, 224x224x3, no BatchNorm          133M-144M
+inception_v3    Inception-v3, 299x299x3, BatchNorm, no auxiliary head        23.8M
+resnet18/34/50  ImageNet ResNets, 224x224x3, BatchNorm                       11.7M-25.6M
+soybean_mlp     SoyBean's 5 x Dense(320) MLP                                 0.5M
+gpt2_124m       GPT-2 small, context 1024, batch 8x1024                      124M
+gpt2_1b3        GPT 1.3B (24 x d2048), context 1024, batch 8x1024            1.3B
+vit_b16         ViT-B/16, 224x224x3                                          86.5M
+nnx_gpt         GPT-2 124M written with flax.nnx                             124M
+==============  ===========================================================  ==========
+
+CNNs train with SGD + momentum 0.9 (LeNet-5 and the Soybean MLP with plain SGD), the
+transformers with AdamW.  Default full batches: 64 images for the ImageNet CNNs and ViT,
+8 x 1024 tokens for the GPTs.  ``EXTRA`` are small models kept for the test suite (``cnn``,
+``mlp``, ``gpt_small``, ``nnx_mlp``).  ``config["params"]`` of every example is its number of
+trainable parameters.
+
 Usage::
 
     import models
@@ -14,10 +38,31 @@ Adding a model: write a builder ``(batch, small, dtype) -> Example`` decorated w
 
 from __future__ import annotations
 
-# Family modules register their builders on import; the order here is the order of NAMES.
-from models import cnn, mlp, nnx_models, transformer  # noqa: F401
+# Family modules register their builders on import.
+from models import cnn, convnets, inception, mlp, nnx_models, transformer  # noqa: F401
 from models._train import Example, get, register, registered_names
 
-NAMES: tuple[str, ...] = registered_names()
+# The paper models, in the order the benchmarks report them.
+NAMES: tuple[str, ...] = (
+    "lenet5",
+    "alexnet",
+    "vgg11",
+    "vgg13",
+    "vgg16",
+    "vgg19",
+    "inception_v3",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "soybean_mlp",
+    "gpt2_124m",
+    "gpt2_1b3",
+    "vit_b16",
+    "nnx_gpt",
+)
+# Small test models kept for the suite (also registered; ``registered_names()`` lists all).
+EXTRA: tuple[str, ...] = ("cnn", "mlp", "gpt_small", "nnx_mlp")
 
-__all__ = ["NAMES", "Example", "get", "register", "registered_names"]
+assert set(NAMES + EXTRA) == set(registered_names()), "NAMES/EXTRA out of sync with the registry"
+
+__all__ = ["EXTRA", "NAMES", "Example", "get", "register", "registered_names"]

@@ -9,6 +9,29 @@ import pytest
 
 import models
 
+ALL = models.NAMES + models.EXTRA
+
+# Published trainable-parameter counts of the full-size configs (torchvision for the CNNs,
+# Hugging Face GPT-2, timm ViT-B/16, the GPT-3 paper's "1.3B"); the zoo must be within 3%.
+# LeNet-5 (SAME-padded first conv) and the Soybean MLP are counted from their definitions.
+PUBLISHED_PARAMS = {
+    "lenet5": 61_706,
+    "alexnet": 61_100_840,
+    "vgg11": 132_863_336,
+    "vgg13": 133_047_848,
+    "vgg16": 138_357_544,
+    "vgg19": 143_667_240,
+    "inception_v3": 23_834_568,  # without the auxiliary classifier
+    "resnet18": 11_689_512,
+    "resnet34": 21_797_672,
+    "resnet50": 25_557_032,
+    "soybean_mlp": 5 * (320 * 320 + 320),
+    "gpt2_124m": 124_439_808,
+    "gpt2_1b3": 1_300_000_000,
+    "vit_b16": 86_567_656,
+    "nnx_gpt": 124_439_808,
+}
+
 
 def _leaf_signature(tree) -> list[tuple[tuple[int, ...], np.dtype, bool]]:
     return [
@@ -17,15 +40,33 @@ def _leaf_signature(tree) -> list[tuple[tuple[int, ...], np.dtype, bool]]:
     ]
 
 
-@pytest.fixture(scope="module", params=models.NAMES)
+@pytest.fixture(scope="module", params=ALL)
 def small_example(request) -> models.Example:
     # Module scope: building (and tracing init for) an example once per name keeps tests fast.
     return models.get(request.param, small=True)
 
 
 def test_names_registered():
-    assert set(models.NAMES) >= {"mlp", "cnn", "lenet5", "gpt_small", "nnx_mlp", "soybean_mlp"}
-    assert len(set(models.NAMES)) == len(models.NAMES)
+    assert models.NAMES == (
+        "lenet5",
+        "alexnet",
+        "vgg11",
+        "vgg13",
+        "vgg16",
+        "vgg19",
+        "inception_v3",
+        "resnet18",
+        "resnet34",
+        "resnet50",
+        "soybean_mlp",
+        "gpt2_124m",
+        "gpt2_1b3",
+        "vit_b16",
+        "nnx_gpt",
+    )
+    assert models.EXTRA == ("cnn", "mlp", "gpt_small", "nnx_mlp")
+    assert len(set(ALL)) == len(ALL)
+    assert set(models.registered_names()) == set(ALL)
 
 
 def test_unknown_name_raises():
@@ -36,7 +77,7 @@ def test_unknown_name_raises():
 def test_args_are_abstract(small_example):
     for leaf in jax.tree.leaves(small_example.args):
         assert isinstance(leaf, jax.ShapeDtypeStruct)
-    assert small_example.name in models.NAMES
+    assert small_example.name in ALL
 
 
 def test_default_small_batch_divisible_by_8(small_example):
@@ -60,6 +101,25 @@ def test_make_args_deterministic(small_example):
         not np.array_equal(np.asarray(x), np.asarray(y))
         for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(c[1]), strict=True)
     )
+
+
+@pytest.mark.parametrize("name", ["lenet5", "gpt_small"])
+def test_make_args_equals_default_jit(name):
+    # make_args compiles init at a lower XLA:CPU optimization level; values must not change.
+    ex = models.get(name, small=True)
+    state, batch = ex.make_args(5)
+    init_key, data_key = jax.random.split(jax.random.PRNGKey(5))
+    ref = (jax.jit(ex.init_state)(init_key), jax.jit(ex.sample_batch)(data_key))
+    for x, y in zip(jax.tree.leaves((state, batch)), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_get_returns_fresh_config():
+    a = models.get("mlp", small=True)
+    a.config["lr"] = -1.0
+    b = models.get("mlp", small=True)
+    assert b.config["lr"] != -1.0
+    assert b.step is a.step and b.init_state is a.init_state
 
 
 def test_step_trains(small_example):
@@ -95,14 +155,14 @@ def test_step_traces_abstractly(small_example):
     assert out_metrics["loss"].shape == () and out_metrics["loss"].dtype == jnp.float32
 
 
-@pytest.mark.parametrize("name", models.NAMES)
+@pytest.mark.parametrize("name", ALL)
 def test_batch_override(name):
     ex = models.get(name, batch=24, small=True)
     for leaf in jax.tree.leaves(ex.args[1]):
         assert leaf.shape[0] == 24
 
 
-@pytest.mark.parametrize("name", models.NAMES)
+@pytest.mark.parametrize("name", ALL)
 def test_full_config_is_abstract(name):
     # Full-size configs must be describable without allocating parameters (eval_shape only).
     ex = models.get(name)
@@ -112,6 +172,18 @@ def test_full_config_is_abstract(name):
     n_full = sum(x.size for x in jax.tree.leaves(ex.args[0]))
     n_small = sum(x.size for x in jax.tree.leaves(small.args[0]))
     assert n_full >= n_small
+    assert small.config["params"] <= n_small  # params only: no optimizer state / statistics
+    assert ex.config["params"] >= small.config["params"]
+
+
+@pytest.mark.parametrize("name", models.NAMES)
+def test_full_param_counts(name):
+    # Abstract only: counted from the ShapeDtypeStructs of ``args``, nothing is allocated.
+    ex = models.get(name)
+    params = ex.args[0][0] if isinstance(ex.args[0], tuple) else ex.args[0].params
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    assert n == ex.config["params"]
+    assert abs(n / PUBLISHED_PARAMS[name] - 1) <= 0.03, (name, n, PUBLISHED_PARAMS[name])
 
 
 def test_soybean_full_batch():
