@@ -1,7 +1,8 @@
 """The paper model zoo under the planner.
 
 * every model (small config) auto-shards on a 2x4 mesh of the 8 fake devices, with the planner's
-  choice and with a forced hybrid strategy, and a sharded step equals the unsharded one;
+  choice and with a forced hybrid strategy; two sharded steps equal two unsharded ones
+  (per-model tolerance: RTOL);
 * every primitive of every model has a sharding rule (nothing falls back to replicated);
 * every full-size model plans on an abstract 4x4 mesh (no devices, nothing allocated).
 """
@@ -18,17 +19,33 @@ import models
 
 MESH = {"data": 2, "model": 4}
 
+# Per-leaf tolerance (helpers.assert_equivalent) of two sharded steps against two unsharded
+# ones in float32.  Summation order differs once the batch or a contraction is split, and some
+# models amplify that rounding more than others (measured over seeds 0-2, forced "owt" and
+# "data" strategies): plain CNNs and MLPs stay below 1e-6; the AdamW transformers reach 1e-5
+# (Adam normalizes tiny gradients); the deep BatchNorm networks reach 5e-5 (BatchNorm's backward
+# pass subtracts batch means).  Run in float64 (loss included), the sharded CNN/MLP steps equal
+# the unsharded ones to 1e-13 (the transformers to 1e-6: their softmax stays float32), so these
+# are rounding effects, while sharding bugs show up as errors of 1e-2 and more.
+RTOL = {
+    "gpt2_124m": 5e-5,
+    "gpt2_1b3": 5e-5,
+    "vit_b16": 5e-5,
+    "nnx_gpt": 5e-5,
+    "inception_v3": 2e-4,
+    "resnet18": 2e-4,
+    "resnet34": 2e-4,
+    "resnet50": 2e-4,
+}
+
 
 @functools.cache
 def _small(name):
     return models.get(name, small=True)
 
 
-def _one_step(step, state, batch):
-    # One step: on the BatchNorm models a second step amplifies rounding in the (near-zero,
-    # cancellation-heavy) BN-bias gradients through the momentum, e.g. 1.7e-2 on one Inception
-    # momentum leaf with OWT, against 9e-5 for the same leaf measured against a float64 run
-    # (see the closing note of issue 3). Multi-step equivalence is covered by test_numerics.
+def _two_steps(step, state, batch):
+    state, _ = step(state, batch)
     return step(state, batch)
 
 
@@ -37,7 +54,7 @@ def _reference(name):
     """Concrete args and the unsharded (plain jit) result of two steps."""
     ex = _small(name)
     args = ex.make_args(0)
-    return args, _one_step(jax.jit(ex.step), *args)
+    return args, _two_steps(jax.jit(ex.step), *args)
 
 
 # "auto": the planner's own choice (on these tiny models mostly replicated, i.e. no
@@ -51,12 +68,8 @@ def test_small_auto_shard_matches_unsharded(name, strategy):
     step = jaxpar.auto_shard(
         ex.step, mesh=jaxpar.make_mesh(MESH), cluster="p100", strategy=strategy
     )
-    out = _one_step(step, state, batch)
-    # 2e-4, not the core tests' 1e-5: BatchNorm bias gradients are sums with heavy
-    # cancellation. Measured on inception_v3 (data parallel, 2x4) against a float64 run: the
-    # unsharded float32 step is 1.3e-5 off on its worst leaf, the sharded one 5.8e-5 (another
-    # summation order); a sharding error would be O(1).
-    assert_equivalent(out, ref, rtol=2e-4)
+    out = _two_steps(step, state, batch)
+    assert_equivalent(out, ref, rtol=RTOL.get(name, 1e-5))
     assert step.plan.stats["equations"] > 0
     if strategy == "owt":
         assert step.plan.collectives, "the forced strategy should communicate"
