@@ -68,7 +68,8 @@ def test_reshape_maps_major_dims():
 def test_pure_core_imports_no_jax():
     code = (
         "import sys; import jaxpar.graph, jaxpar.rules, jaxpar.merge, jaxpar.cost, "
-        "jaxpar.search, jaxpar.cluster, jaxpar.strategies, jaxpar.verify; "
+        "jaxpar.search, jaxpar.cluster, jaxpar.strategies, jaxpar.verify, jaxpar.hetero, "
+        "jaxpar.kcut; "
         "print('jax' in sys.modules)"
     )
     # import the modules without the package __init__ (which exposes the jax-facing API)
