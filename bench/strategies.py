@@ -52,7 +52,7 @@ from jax.sharding import PartitionSpec
 import jaxpar
 import models
 from jaxpar.cli import layer_table
-from jaxpar.cost import ring_steps
+from jaxpar.collectives import ring_steps
 
 MODELS = ("alexnet", "vgg16", "inception_v3")
 TITLES = {"alexnet": "AlexNet", "vgg16": "VGG-16", "inception_v3": "Inception-v3"}
@@ -115,7 +115,7 @@ def replicated_activation_compute(plan, global_batch: int) -> float:
     if n == 1:
         return 0.0
     total = 0.0
-    for node, row in zip(plan.ng.nodes, plan.eval.node_rows, strict=True):
+    for node, row in zip(plan.ng.nodes, plan.evaluation.node_rows, strict=True):
         if node.anchor < 0:
             continue
         cfg = plan.configs[node.index][plan.assignment[node.index]]
@@ -123,7 +123,7 @@ def replicated_activation_compute(plan, global_batch: int) -> float:
             continue
         out = plan.program.tensors[plan.program.eqns[node.anchor].outputs[0]]
         if out.shape and out.shape[0] == global_batch and len(out.shape) >= 2:
-            total += row["t_C"]
+            total += row.t_C
     return total
 
 
@@ -135,7 +135,7 @@ def degrees(config: str) -> dict[str, int]:
 def contraction_rows(plan) -> list[dict]:
     """Every conv / dot_general node: layer, phase, output shape, config, its costs."""
     out = []
-    for node, row in zip(plan.ng.nodes, plan.eval.node_rows, strict=True):
+    for node, row in zip(plan.ng.nodes, plan.evaluation.node_rows, strict=True):
         if node.anchor < 0:
             continue
         eqn = plan.program.eqns[node.anchor]
@@ -149,7 +149,7 @@ def contraction_rows(plan) -> list[dict]:
                 "primitive": eqn.primitive,
                 "shape": list(plan.program.tensors[eqn.outputs[0]].shape),
                 "config": plan.paper_notation(node.index, cfg),
-                **{k: row[k] for k in ("t_C", "t_X", "t_S", "bytes")},
+                **{k: getattr(row, k) for k in ("t_C", "t_X", "t_S", "bytes")},
             }
         )
     return out
@@ -239,8 +239,8 @@ def cost_entry(plan, global_batch: int) -> dict:
     wgr = weight_gradient_reshards(plan, global_batch)
     inter = sum(x.bytes for x in plan.collectives if "node" in x.axes)
     contraction_c = sum(
-        row["t_C"]
-        for node, row in zip(plan.ng.nodes, plan.eval.node_rows, strict=True)
+        row.t_C
+        for node, row in zip(plan.ng.nodes, plan.evaluation.node_rows, strict=True)
         if node.anchor >= 0
         and plan.program.eqns[node.anchor].primitive in ("conv_general_dilated", "dot_general")
     )

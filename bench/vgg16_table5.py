@@ -25,7 +25,9 @@ import numpy as np
 
 import jaxpar
 import models
-from jaxpar.plan import assemble_plan, evaluate_plan
+from jaxpar.choose import Choice
+from jaxpar.evaluate import evaluate
+from jaxpar.result import with_assignment
 from jaxpar.search import Problem, solve_exact
 
 BATCH = 128
@@ -111,32 +113,22 @@ def weight_gradient_configs(plan) -> dict[str, str]:
 
 def fixed_completion(plan, targets: dict[str, dict[str, int]], name: str):
     """The plan with the given forward configurations fixed and the rest solved exactly."""
-    ctx = plan.context
     fwd = forward_contractions(plan)
-    unary = [u.copy() for u in ctx["problem"].unary]
+    unary = [u.copy() for u in plan.problem.unary]
     for layer, target in targets.items():
         i = fwd[layer]
-        ok = np.array([matches(plan.paper_notation(i, c), target) for c in ctx["configs"][i]])
+        ok = np.array([matches(plan.paper_notation(i, c), target) for c in plan.configs[i]])
         if not ok.any():
             return None  # not representable on this mesh
         unary[i][~ok] += 1e3  # seconds: never chosen
-    problem = Problem(unary=unary, edges=ctx["problem"].edges, blocks=ctx["problem"].blocks)
+    problem = Problem(unary=unary, edges=plan.problem.edges, blocks=plan.problem.blocks)
     assign, _value, stats = solve_exact(problem, None, table_budget=4e6, enum_budget=2e6)
     for layer, target in targets.items():
         i = fwd[layer]
-        assert matches(plan.paper_notation(i, ctx["configs"][i][assign[i]]), target), layer
-    feedback = {t for t, _ in ctx["pairs"]}
-    ev = evaluate_plan(
-        ctx["ng"],
-        ctx["configs"],
-        assign,
-        ctx["uses"],
-        ctx["params"],
-        ctx["batch"],
-        ctx["labels"],
-        feedback,
-    )
-    return assemble_plan(ctx, name, assign, ev, False, dict(stats))
+        assert matches(plan.paper_notation(i, plan.configs[i][assign[i]]), target), layer
+    ev = evaluate(plan.eval_context(), assign)
+    choice = Choice(name, tuple(assign), ev, False, None, {}, plan.choice.baselines, None)
+    return with_assignment(plan, choice, dict(stats))
 
 
 def summary(plan) -> dict:

@@ -1,23 +1,33 @@
 """jaxpar: a sharding planner for JAX train steps.
 
-Pipeline (one module per stage)::
+Pipeline (modules in pipeline order; docs/design.md walks through them)::
 
-    trace      user fn + example args            -> Program (flat jaxpr, calls inlined)
-    graph      Program                           -> tensors, consumers, phases, layer labels
-    rules      primitive                         -> iteration space (einsum-like dim maps)
-    merge      Program + rules                   -> planning nodes (ops + elementwise followers)
-    cost       Cluster + nodes                   -> t_C / t_S per config, t_X per edge (α-β)
-    search     tables                            -> elimination DP (exact) or decomposition
-    plan       search result                     -> Plan: shardings, cost, collectives, report
-    apply      Plan                              -> jitted step with sharding constraints
-    verify     compiled HLO                      -> collectives XLA actually emitted
+    trace    fn + example args  -> Program (flat jaxpr, calls inlined)   trace, graph
+    rules    primitive          -> iteration space (einsum-like maps)    rules
+    nodes    Program + rules    -> planning nodes (ops + followers)      nodes, labels
+    configs  node + mesh        -> configurations and layouts            configs
+    cost     cluster + nodes    -> t_C and node collectives (α-β)        hardware, collectives, cost
+    tables   nodes + reads      -> the two search problems               reshard, tables
+    search   tables             -> elimination / descent, k-cut          search, kcut, baselines
+    choose   searches           -> the plan, certified against a bound   choose, evaluate
+    plan     assignment         -> Plan: layouts, cost, collectives      planner, result, pins
+    report   Plan               -> text, JSON, figures                   report, figures
+    apply    Plan               -> jitted step with constraints          apply, meshes
+    verify   compiled HLO       -> the collectives XLA emitted           verify
 
-`graph`, `rules`, `merge`, `cost`, `search` and `cluster` are pure (numpy/networkx).
+The pure core (`graph`, `rules`, `nodes`, `labels`, `configs`, `collectives`, `reshard`, `cost`,
+`tables`, `search`, `kcut`, `baselines`, `evaluate`, `hardware`) imports no jax.
 """
 
-from .apply import AutoSharded, auto_shard, make_mesh, plan
-from .cluster import Cluster, DeviceGroup, DeviceSpec, LinkLevel
-from .plan import Collective, Plan, PlanCost, PlannerOptions
+from . import verify
+from .apply import AutoSharded, auto_shard
+from .evaluate import Collective, PlanCost
+from .hardware import Cluster, DeviceGroup, DeviceSpec, LinkLevel
+from .meshes import make_mesh
+from .options import PlannerOptions
+from .planner import plan
+from .result import Plan
+from .search import SearchBudget
 from .trace import TraceError
 
 __all__ = [
@@ -30,10 +40,12 @@ __all__ = [
     "Plan",
     "PlanCost",
     "PlannerOptions",
+    "SearchBudget",
     "TraceError",
     "auto_shard",
     "make_mesh",
     "plan",
+    "verify",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"

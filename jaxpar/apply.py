@@ -3,8 +3,8 @@
 The interpreter walks the flat program. Before an equation it reshards each operand to the layout
 the plan's configuration reads, one `with_sharding_constraint` per step of the modeled reshard
 path (so XLA runs the collectives the cost model priced, and nothing cleverer or worse); after it,
-each result is constrained to the planned layout. Reshards are cached per (tensor, layout): a
-layout is produced once however many equations read it, as the cost report counts it.
+each result is constrained to the planned layout. Reshard steps are cached per (tensor, step): a
+step is emitted once however many equations need it, as `evaluate` counts it.
 Parameters and optimizer state are pinned by in/out shardings, so gradients really are reduced.
 """
 
@@ -15,70 +15,16 @@ import functools
 from typing import Any
 
 import jax
-import numpy as np
 from jax import tree_util
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
-from .cluster import Cluster
-from .cost import Spec, reshard_path, spec_of
-from .plan import Plan, PlannerOptions, Progress, make_plan
+from .configs import Spec, spec_of
+from .meshes import make_mesh
+from .options import PlannerOptions
+from .planner import make_plan, merge_options
+from .reshard import reshard_path
+from .result import Plan
 from .trace import Signature, is_array_leaf, split_args
-
-
-def make_mesh(axes: dict[str, int], devices: Any = None) -> Mesh:
-    """A mesh with `AxisType.Auto` axes (what sharding-constraint propagation wants).
-
-    ``axes``: ordered {name: size}; ``devices``: defaults to ``jax.devices()``.
-    """
-    if not isinstance(axes, dict) or not axes:
-        raise ValueError(
-            "make_mesh takes a non-empty dict of axis sizes, e.g. {'data': 2, 'model': 4}"
-        )
-    devices = list(jax.devices() if devices is None else devices)
-    need = int(np.prod(list(axes.values())))
-    if need > len(devices):
-        raise ValueError(
-            f"mesh {axes} needs {need} devices but only {len(devices)} are available; on CPU set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={need} (or "
-            f"jax.config.update('jax_num_cpu_devices', {need})) before jax initializes"
-        )
-    arr = np.array(devices[:need], dtype=object).reshape(tuple(axes.values()))
-    return Mesh(arr, tuple(axes), axis_types=(AxisType.Auto,) * len(axes))
-
-
-def resolve_cluster(cluster: Any, mesh: Any) -> Cluster:
-    """A Cluster from a Cluster, a preset name, or None (detected from the mesh's devices)."""
-    if isinstance(cluster, Cluster):
-        return cluster
-    if isinstance(cluster, str):
-        n = int(np.prod(mesh.devices.shape)) if isinstance(mesh, Mesh) else None
-        if cluster == "cpu":
-            return Cluster.preset("cpu", devices=n or _abstract_size(mesh))
-        return Cluster.preset(cluster, devices=n) if n else _preset_for(cluster, mesh)
-    if cluster is None:
-        if isinstance(mesh, Mesh):
-            devs = mesh.devices.reshape(-1)
-            return Cluster.from_device_kind(
-                devs[0].platform, devs[0].device_kind, len(devs), devices_per_node=len(devs)
-            )
-        return Cluster.preset("cpu", devices=_abstract_size(mesh))
-    raise TypeError(
-        f"cluster must be a Cluster, a preset name or None, not {type(cluster).__name__}"
-    )
-
-
-def _abstract_size(mesh: Any) -> int:
-    if isinstance(mesh, dict):
-        return int(np.prod(list(mesh.values()))) if mesh else 1
-    return int(np.prod(mesh.axis_sizes))
-
-
-def _preset_for(name: str, mesh: Any) -> Cluster:
-    """The smallest whole number of nodes of preset ``name`` that holds the mesh."""
-    need = _abstract_size(mesh)
-    one = Cluster.preset(name)
-    nodes = max(1, -(-need // one.num_devices))
-    return Cluster.preset(name, nodes=nodes)
 
 
 def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
@@ -86,40 +32,38 @@ def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
     program = plan.program
     mesh_sizes = plan.mesh_axes.sizes
     env: dict[int, Any] = {}
-    layouts: dict[tuple[int, Spec], Any] = {}
+    steps_done: dict[tuple[int, Spec, Spec], Any] = {}  # (tensor, before, after) -> value
 
     def constrain(value: Any, spec: Spec) -> Any:
         return jax.lax.with_sharding_constraint(value, plan.named(spec))
 
     def plain(tid: int) -> bool:
         t = program.tensors[tid]
-        return t.opaque or not t.shape
+        return t.opaque or not t.shape or not t.nbytes
 
     def read(tid: int, spec: Spec) -> Any:
         if plain(tid) or not spec:
             return env[tid]
         have = plan.tensor_specs.get(tid)
-        if have is None or (tid, spec) in layouts:
-            return layouts.get((tid, spec), env[tid])
-        value = layouts.get((tid, have), env[tid])
+        value = env[tid]
+        if have is None:
+            return value
         for step in reshard_path(program.tensors[tid].nbytes, have, spec, mesh_sizes):
-            key = (tid, step.after)
-            if key not in layouts:
-                layouts[key] = constrain(value, step.after)
-            value = layouts[key]
+            key = (tid, step.before, step.after)
+            if key not in steps_done:
+                steps_done[key] = constrain(value, step.after)
+            value = steps_done[key]
         return value
 
     for tid, value in program.consts.items():
         env[tid] = value
     for tid, value in zip(program.invars, flat_args, strict=True):
         env[tid] = value
-        if not plain(tid):
-            layouts[(tid, plan.tensor_specs[tid])] = value
     member_of = {m.eqn: m for node in plan.ng.nodes for m in node.members if m.eqn >= 0}
     node_of = plan.ng.node_of_eqn
     for eqn in program.eqns:
         m = member_of[eqn.index]
-        cfg = plan.configs[node_of[eqn.index]][plan.assignment[node_of[eqn.index]]]
+        cfg = plan.config(node_of[eqn.index])
         invals = []
         for tid, lit, mp in zip(eqn.inputs, eqn.literals, m.in_maps, strict=True):
             if tid is None:
@@ -135,7 +79,6 @@ def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
         for tid, value in zip(eqn.outputs, outs, strict=True):
             if not plain(tid):
                 value = constrain(value, plan.tensor_specs[tid])
-                layouts[(tid, plan.tensor_specs[tid])] = value
             env[tid] = value
     results = []
     for tid, lit, spec in zip(
@@ -184,10 +127,7 @@ class AutoSharded:
         if sig in self._cache:
             self._last = self._cache[sig]
             return self._last
-        mesh = self._mesh()
-        cluster = resolve_cluster(self.cluster, mesh)
-        platform = mesh.devices.reshape(-1)[0].platform
-        plan = make_plan(self.fn, args, mesh, cluster, self.options, self.in_specs, platform)
+        plan = make_plan(self.fn, args, self._mesh(), self.cluster, self.options, self.in_specs)
         in_sh = [plan.named(s) for s in plan.invar_specs]
         out_sh = [plan.named(s) for s in plan.outvar_specs]
         flat_donate = self._flat_donate(args)
@@ -197,7 +137,7 @@ class AutoSharded:
             out_shardings=out_sh,
             donate_argnums=flat_donate,
         )
-        compiled = _Compiled(plan, jitted, plan.out_tree, in_sh)
+        compiled = _Compiled(plan, jitted, plan.arg_layout.out_tree, in_sh)
         self._cache[sig] = compiled
         self._last = compiled
         return compiled
@@ -278,39 +218,9 @@ def auto_shard(
     """
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
-    opts = options or PlannerOptions(strategy=strategy, objective=objective, search=search)
-    if options is not None and (strategy != "auto" or objective != "time"):
-        opts = dataclasses.replace(options, strategy=strategy, objective=objective)
-    if options is not None and search != "elimination":
-        opts = dataclasses.replace(opts, search=search)
+    opts = merge_options(options, strategy, objective, search)
 
     def wrap(f: Any) -> AutoSharded:
         return AutoSharded(f, mesh, cluster, opts, donate_argnums, in_specs)
 
     return wrap(fn) if fn is not None else wrap
-
-
-def plan(
-    fn: Any,
-    *args: Any,
-    mesh: Any,
-    cluster: Any = None,
-    strategy: str = "auto",
-    objective: str = "time",
-    search: str = "elimination",
-    in_specs: Any = None,
-    options: PlannerOptions | None = None,
-    progress: Progress | None = None,
-) -> Plan:
-    """Plan ``fn(*args)`` without running it. Arguments may be arrays or ShapeDtypeStructs; the
-    mesh may be a dict ``{"node": 4, "gpu": 4}`` (no devices needed) or a jax Mesh.
-    ``progress(stage, detail)``, if given, is called as each planning stage finishes.
-    ``search``: "elimination" (joint, default) or "kcut" (SoyBean); see `PlannerOptions`."""
-    opts = options or PlannerOptions(strategy=strategy, objective=objective, search=search)
-    if options is not None and (strategy != "auto" or objective != "time"):
-        opts = dataclasses.replace(options, strategy=strategy, objective=objective)
-    if options is not None and search != "elimination":
-        opts = dataclasses.replace(opts, search=search)
-    cl = resolve_cluster(cluster, mesh)
-    platform = mesh.devices.reshape(-1)[0].platform if isinstance(mesh, Mesh) else "abstract"
-    return make_plan(fn, args, mesh, cl, opts, in_specs, platform, progress)

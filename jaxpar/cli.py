@@ -106,14 +106,6 @@ class _Progress:
             print(f"[{elapsed:6.1f}s] {stage:<7} {detail}", file=sys.stderr, flush=True)
 
 
-def _cluster_for(name: str, devices: int) -> Any:
-    from jaxpar import Cluster
-
-    if name == "cpu":
-        return Cluster.preset("cpu", devices=devices)
-    return Cluster.preset(name, devices=devices)
-
-
 def comparison_table(plans: dict[str, Any], batch: int) -> str:
     """Step time, throughput, communication and speedup over data parallel, per strategy."""
     data = plans.get("data")
@@ -156,11 +148,13 @@ def plan_command(args: argparse.Namespace) -> int:
     say = _Progress(args.quiet)
     mesh = parse_mesh(args.mesh)
     devices = math.prod(mesh.values())
-    cluster = _cluster_for(args.cluster, devices)
     import jax.numpy as jnp
 
     import jaxpar
     import models
+    from jaxpar.meshes import describe_mesh, resolve_cluster
+
+    cluster = resolve_cluster(args.cluster, describe_mesh(mesh))
 
     known = models.registered_names()
     if args.model not in known:

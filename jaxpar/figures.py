@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .plan import Plan
+from .result import Plan
 
 # one colour per cost term, the same in every panel
 _COLORS = {"t_C": "#4C72B0", "t_X": "#DD8452", "t_S": "#C44E52"}

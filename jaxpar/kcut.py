@@ -33,7 +33,8 @@ What differs from the paper:
   configurations (``final``) separately from the ones a cut may pass through, so a contraction
   splits on every cut there as well. Under ``objective="time"`` nothing forces a split.
 - Theorem 3 (greediness ⇒ optimality) needs SoyBean's pure-bytes cost; under this model k-cut
-  is a heuristic. Its result is certified only when it matches a certified elimination optimum.
+  is a heuristic. Its result is certified only when its reported cost reaches the exact lower
+  bound that elimination computes (`choose`).
 
 Pure: numpy only.
 """
@@ -41,13 +42,12 @@ Pure: numpy only.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from .search import Problem, TooWide, evaluate, solve, solve_exact
+from .search import Problem, SearchBudget, eliminates, evaluate, solve, solve_exact
 
 Config = tuple[int, ...]
 
@@ -93,7 +93,9 @@ def restrict(problem: Problem, keep: Sequence[Sequence[int]]) -> Problem:
             raise ValueError(f"node {v} keeps no configuration")
     unary = [np.asarray(u)[k] for u, k in zip(problem.unary, idx, strict=True)]
     edges = {(i, j): t[np.ix_(idx[i], idx[j])] for (i, j), t in problem.edges.items()}
-    return Problem(unary=unary, edges=edges, blocks=[list(b) for b in problem.blocks])
+    factors = {key: t[np.ix_(*(idx[v] for v in key))] for key, t in problem.factors.items()}
+    blocks = [list(b) for b in problem.blocks]
+    return Problem(unary=unary, edges=edges, blocks=blocks, factors=factors)
 
 
 def project(assignment: Sequence[int], keep: Sequence[Sequence[int]]) -> list[int] | None:
@@ -114,10 +116,7 @@ def kcut(
     bandwidth: Sequence[float],
     final: Sequence[Sequence[int]] | None = None,
     starts: Sequence[Sequence[int]] = (),
-    table_budget: float = 4e6,
-    enum_budget: float = 2e6,
-    block_budget: float = 2.5e5,
-    max_rounds: int = 6,
+    budget: SearchBudget | None = None,
 ) -> KCutResult:
     """One exact DP per mesh axis, slowest first (see module docstring).
 
@@ -126,6 +125,7 @@ def kcut(
     configuration extends. ``starts``: full assignments (indices into ``configs``), projected
     onto a cut when it has to fall back to coordinate descent.
     """
+    budget = budget or SearchBudget()
     n = problem.num_nodes
     k = len(sizes)
     arrs = [np.asarray(c, dtype=np.int64).reshape(len(c), k) for c in configs]
@@ -153,15 +153,15 @@ def kcut(
                 raise ValueError(f"k-cut: node {v} has no configuration left at axis {axis}")
             keep.append(cand)
         sub = restrict(problem, keep)
-        try:
-            local, value, _ = solve_exact(sub, None, table_budget, enum_budget)
-            exact = True
-        except TooWide:
+        exact = eliminates(sub, budget.table, budget.enum)[0]
+        if exact:
+            local, value, _ = solve_exact(sub, None, budget.table, budget.enum)
+        else:
             sub_starts = [_nearest(s, keep, arrs, axis) for s in starts]
             sub_starts.append([0] * n)
             if pos:
                 sub_starts.append(_nearest(assignment, keep, arrs, axis))
-            sol = solve(sub, sub_starts, table_budget, enum_budget, max_rounds, block_budget)
+            sol = solve(sub, sub_starts, budget)
             local, value, exact = sol.assignment, sol.objective, False
         assignment = [int(keep[v][local[v]]) for v in range(n)]
         for v in range(n):
@@ -191,11 +191,3 @@ def _nearest(
         hits = np.flatnonzero(arrs[v][cand, axis] == want)
         out.append(int(hits[0]) if hits.size else 0)
     return out
-
-
-def certified(kcut_objective: float, elimination_objective: float, optimal: bool) -> bool:
-    """k-cut's result is a certified optimum when it matches a certified elimination optimum."""
-    tol = 1e-9 * max(1.0, abs(elimination_objective))
-    return (
-        optimal and math.isfinite(kcut_objective) and kcut_objective <= elimination_objective + tol
-    )

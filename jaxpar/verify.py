@@ -37,12 +37,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-ALL_REDUCE = "all-reduce"
-ALL_GATHER = "all-gather"
-REDUCE_SCATTER = "reduce-scatter"
-ALL_TO_ALL = "all-to-all"
-COLLECTIVE_PERMUTE = "collective-permute"
-COLLECTIVE_KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, COLLECTIVE_PERMUTE)
+from .collectives import ALL_REDUCE, result_bytes_sent
+from .collectives import KINDS as COLLECTIVE_KINDS
+from .collectives import PERMUTE as COLLECTIVE_PERMUTE
 
 _ASYNC_SUFFIX = "-start"
 
@@ -424,23 +421,12 @@ def _moving_fraction(attrs: str, num_devices: int) -> float:
 
 
 def ring_bytes_per_device(kind: str, group_size: int, buffer_bytes: int) -> float:
-    """Bytes each device sends for one collective (collective-permute: see `_moving_fraction`).
+    """Bytes each device sends for one collective with result ``buffer_bytes`` per device.
 
-    For collective-permute this returns the full buffer; the caller scales it by the fraction
-    of devices that actually move data.
+    `collectives.result_bytes_sent`; for collective-permute the full buffer, which the caller
+    scales by the fraction of devices that actually move data (`_moving_fraction`).
     """
-    n = group_size
-    if n <= 1:
-        return 0.0
-    if kind == ALL_REDUCE:
-        return 2.0 * (n - 1) / n * buffer_bytes
-    if kind in (ALL_GATHER, ALL_TO_ALL):
-        return (n - 1) / n * buffer_bytes
-    if kind == REDUCE_SCATTER:
-        return float((n - 1) * buffer_bytes)
-    if kind == COLLECTIVE_PERMUTE:
-        return float(buffer_bytes)
-    raise ValueError(f"unknown collective kind {kind!r}")
+    return result_bytes_sent(kind, group_size, buffer_bytes)
 
 
 def _to_collective(instruction: _Instruction, num_devices: int) -> HloCollective | None:

@@ -11,6 +11,8 @@ import jaxpar
 import models
 from jaxpar.rules import _warned
 
+pytestmark = pytest.mark.api
+
 
 def simple_step(w, x):
     g = jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w)

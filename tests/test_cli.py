@@ -11,6 +11,8 @@ import pytest
 from jaxpar import Cluster
 from jaxpar.cli import JSON_SCHEMA, main, parse_mesh
 
+pytestmark = pytest.mark.api
+
 STRATEGY_NAMES = ("auto", "data", "model", "owt")
 
 

@@ -1,18 +1,18 @@
-"""Tests for jaxpar.cluster: presets, level lookup, mesh axes, errors, device-kind detection.
+"""Tests for jaxpar.hardware: presets, the cluster's links per mesh axis, the mesh model the
+planner prices (links, slowest device), errors, device-kind detection.
 
 Pure python and numpy: the whole file runs in milliseconds.
 """
 
 from __future__ import annotations
 
-import re
-import sys
 import warnings
 
 import numpy as np
 import pytest
 
-from jaxpar.cluster import Cluster, DeviceSpec, LinkLevel
+from jaxpar.hardware import Cluster, DeviceSpec, LinkLevel, preset_sizing
+from jaxpar.hardware.mesh_model import device_positions, mesh_axes, mesh_speeds, slowest_device
 
 
 def _names(levels: tuple[LinkLevel, ...]) -> list[str]:
@@ -22,6 +22,7 @@ def _names(levels: tuple[LinkLevel, ...]) -> list[str]:
 # ---- presets ----------------------------------------------------------------------------------
 
 
+@pytest.mark.closed_form
 def test_presets_lists_the_documented_names() -> None:
     assert Cluster.presets() == [
         "p100",
@@ -33,6 +34,7 @@ def test_presets_lists_the_documented_names() -> None:
     ]
 
 
+@pytest.mark.closed_form
 def test_p100_matches_datasheet_and_optcnn_setup() -> None:
     cluster = Cluster.preset("p100", nodes=4)  # OptCNN §6: 4 nodes x 4 P100
     assert cluster.num_devices == 16
@@ -48,12 +50,14 @@ def test_p100_matches_datasheet_and_optcnn_setup() -> None:
     assert nvlink.latency < infiniband.latency
 
 
+@pytest.mark.closed_form
 def test_single_node_has_only_the_node_level() -> None:
     cluster = Cluster.preset("p100")
     assert cluster.num_devices == 4
     assert _names(cluster.levels) == ["nvlink"]
 
 
+@pytest.mark.closed_form
 def test_dgx_h100_matches_datasheet() -> None:
     cluster = Cluster.preset("dgx-h100", nodes=2)
     spec = cluster.device_spec(15)
@@ -67,6 +71,7 @@ def test_dgx_h100_matches_datasheet() -> None:
     assert (infiniband.group_size, infiniband.bandwidth) == (16, 50e9)
 
 
+@pytest.mark.closed_form
 def test_cpu_preset_counts_devices() -> None:
     assert Cluster.preset("cpu").num_devices == 8
     cluster = Cluster.preset("cpu", devices=4)
@@ -75,6 +80,7 @@ def test_cpu_preset_counts_devices() -> None:
     assert cluster.device_spec(0).flops("float32") == pytest.approx(50e9)
 
 
+@pytest.mark.closed_form
 def test_gpu_preset_can_take_part_of_a_node() -> None:
     cluster = Cluster.preset("dgx-h100", devices=2)
     assert cluster.num_devices == 2
@@ -82,6 +88,7 @@ def test_gpu_preset_can_take_part_of_a_node() -> None:
     assert Cluster.preset("p100", devices=8) == Cluster.preset("p100", nodes=2)
 
 
+@pytest.mark.closed_form
 def test_flops_falls_back_to_float32_and_accepts_numpy_dtypes() -> None:
     spec = Cluster.preset("p100").device
     assert spec.flops("int8") == spec.flops("float32")
@@ -89,6 +96,7 @@ def test_flops_falls_back_to_float32_and_accepts_numpy_dtypes() -> None:
     assert spec.flops(np.dtype("float16")) == pytest.approx(21.2e12)
 
 
+@pytest.mark.closed_form
 def test_device_spec_is_hashable_and_accepts_a_mapping() -> None:
     a = DeviceSpec("x", {"float32": 1e12, "float16": 2e12}, 1e11, 1e9)
     b = DeviceSpec("x", (("float16", 2e12), ("float32", 1e12)), 1e11, 1e9)
@@ -96,6 +104,7 @@ def test_device_spec_is_hashable_and_accepts_a_mapping() -> None:
     assert hash(Cluster.preset("p100", nodes=2)) == hash(Cluster.preset("p100", nodes=2))
 
 
+@pytest.mark.closed_form
 def test_describe_lists_numbers_and_sources() -> None:
     text = Cluster.preset("p100", nodes=2).describe()
     assert "nodes=2" in text
@@ -107,16 +116,23 @@ def test_describe_lists_numbers_and_sources() -> None:
 # ---- levels and mesh axes ---------------------------------------------------------------------
 
 
-def test_level_for_group_picks_the_slowest_level() -> None:
+@pytest.mark.closed_form
+def test_a_collective_runs_on_the_slowest_level_its_devices_span() -> None:
     cluster = Cluster.preset("p100", nodes=2)
-    assert cluster.level_for_group({0, 1}).name == "nvlink"
-    assert cluster.level_for_group({3, 4}).name == "infiniband"
-    assert cluster.level_for_group([4, 5, 6, 7]).name == "nvlink"
-    assert cluster.level_for_group(np.arange(8)).name == "infiniband"
-    assert cluster.level_for_group([5]).name == "nvlink"  # one device: innermost
-    assert cluster.link_between(0, 7).name == "infiniband"
+
+    def level(ids: list[int]) -> str:
+        (link,) = cluster.axis_links((len(ids),), np.array(ids))
+        return link.name
+
+    assert level([0, 1]) == "nvlink"
+    assert level([3, 4]) == "infiniband"
+    assert level([4, 5, 6, 7]) == "nvlink"
+    assert level(list(range(8))) == "infiniband"
+    assert level([5]) == "nvlink"  # one device: innermost
+    assert level([7, 0]) == "infiniband"
 
 
+@pytest.mark.closed_form
 def test_axis_links_row_major_meshes() -> None:
     cluster = Cluster.preset("p100", nodes=2)
     # (2, 4): axis 0 groups {i, i+4} cross nodes; axis 1 groups are whole nodes.
@@ -127,6 +143,7 @@ def test_axis_links_row_major_meshes() -> None:
     assert _names(cluster.axis_links((2, 2))) == ["nvlink", "nvlink"]  # 4 of the 8 devices
 
 
+@pytest.mark.closed_form
 def test_axis_links_follow_explicit_device_ids() -> None:
     cluster = Cluster.preset("p100", nodes=2)
     # Transposed assignment: each row of the (2, 4) mesh now spans both nodes.
@@ -135,6 +152,7 @@ def test_axis_links_follow_explicit_device_ids() -> None:
     assert _names(cluster.axis_links((1, 8))) == ["nvlink", "infiniband"]  # size-1 axis
 
 
+@pytest.mark.closed_form
 def test_axis_bandwidths_split_a_shared_network_card() -> None:
     p100 = Cluster.preset("p100", nodes=4)
     # One ring over all 16 devices passes each node's card once: the full 12.5 GB/s.
@@ -146,32 +164,31 @@ def test_axis_bandwidths_split_a_shared_network_card() -> None:
     assert dgx.axis_bandwidths((2, 8)) == pytest.approx((50e9, 450e9))
 
 
+@pytest.mark.closed_form
 def test_homogeneous_cluster_reports_one_implicit_group() -> None:
     cluster = Cluster.preset("p100", nodes=2)
     assert cluster.groups == () and not cluster.heterogeneous
     (group,) = cluster.all_groups()
     assert (group.device, group.count) == (cluster.device, 8)
-    assert cluster.group_slices() == (slice(0, 8),)
-    assert cluster.group_of(7) == 0 and cluster.group_ids().tolist() == [0] * 8
+    assert cluster.group_ids().tolist() == [0] * 8
     assert cluster.device_flops("float16") == pytest.approx([21.2e12] * 8)
-    assert cluster.device_bandwidth() == pytest.approx([12.5e9] * 8)  # outermost level
-    assert cluster.device_bandwidth(0) == pytest.approx([20e9] * 8)
-    assert cluster.bandwidth_between(0, 1) == 20e9 and cluster.bandwidth_between(0, 4) == 12.5e9
-    assert not cluster.axis_spans_groups((2, 4), 0)
-    assert cluster.axis_device_groups((2, 4), 1) == ((0,), (0,))
-    per_device = cluster.axis_device_bandwidths((4, 2), 0)
-    assert per_device.shape == (4, 2)
-    assert per_device == pytest.approx(np.full((4, 2), cluster.axis_bandwidths((4, 2))[0]))
+    # One pair: NVLink inside a node; across nodes the pair has the node's card to itself.
+    assert cluster.axis_bandwidths((2,), np.array([0, 1])) == pytest.approx((20e9,))
+    assert cluster.axis_bandwidths((2,), np.array([0, 4])) == pytest.approx((12.5e9,))
+    # Every device alike: no ratio-split costs for the planner.
+    assert mesh_speeds(cluster, (2, 4), None) is None
 
 
 # ---- errors -----------------------------------------------------------------------------------
 
 
+@pytest.mark.api
 def test_unknown_preset_lists_presets() -> None:
     with pytest.raises(ValueError, match="p100, dgx-h100, cpu"):
         Cluster.preset("v100")
 
 
+@pytest.mark.api
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -187,6 +204,7 @@ def test_preset_rejects_bad_sizes(kwargs: dict, match: str) -> None:
         Cluster.preset(**kwargs)
 
 
+@pytest.mark.api
 def test_mesh_larger_than_cluster_says_how_to_fix_it() -> None:
     message = (
         "cluster 'p100' (nodes=1) has 4 devices but the mesh needs 8 devices; "
@@ -199,6 +217,7 @@ def test_mesh_larger_than_cluster_says_how_to_fix_it() -> None:
         Cluster.preset("cpu").check_mesh((4, 4))
 
 
+@pytest.mark.api
 def test_bad_device_ids_are_rejected() -> None:
     cluster = Cluster.preset("p100", nodes=2)
     with pytest.raises(ValueError, match=r"out of range.*0\.\.7"):
@@ -208,13 +227,16 @@ def test_bad_device_ids_are_rejected() -> None:
     with pytest.raises(ValueError, match="shape"):
         cluster.check_mesh((2, 2), np.arange(4))
     with pytest.raises(ValueError, match="out of range"):
-        cluster.level_for_group([0, 8])
-    with pytest.raises(ValueError, match="at least one"):
-        cluster.level_for_group([])
+        cluster.axis_links((2,), np.array([0, 8]))
+    with pytest.raises(ValueError, match="integers"):
+        cluster.axis_bandwidths((2,), np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match="non-empty"):
+        cluster.check_mesh(())
     with pytest.raises(ValueError, match="positive"):
         cluster.check_mesh((2, 0))
 
 
+@pytest.mark.api
 def test_inconsistent_levels_are_rejected() -> None:
     spec = Cluster.preset("cpu").device
     link = LinkLevel("l", 3, 1e9, 1e-6)
@@ -227,6 +249,7 @@ def test_inconsistent_levels_are_rejected() -> None:
 # ---- detection --------------------------------------------------------------------------------
 
 
+@pytest.mark.api
 def test_from_device_kind_recognises_presets() -> None:
     h100 = Cluster.from_device_kind("gpu", "NVIDIA H100 80GB HBM3", 16)
     assert h100 == Cluster.preset("dgx-h100", nodes=2)
@@ -235,6 +258,7 @@ def test_from_device_kind_recognises_presets() -> None:
     assert Cluster.from_device_kind("cpu", "cpu", 8) == Cluster.preset("cpu")
 
 
+@pytest.mark.api
 def test_from_device_kind_uses_devices_per_node() -> None:
     cluster = Cluster.from_device_kind("gpu", "NVIDIA H100 80GB HBM3", 8, devices_per_node=4)
     assert [level.group_size for level in cluster.levels] == [4, 8]
@@ -243,6 +267,7 @@ def test_from_device_kind_uses_devices_per_node() -> None:
         Cluster.from_device_kind("gpu", "NVIDIA H100 80GB HBM3", 12)
 
 
+@pytest.mark.api
 def test_unknown_gpu_kind_warns_and_uses_a_generic_spec() -> None:
     with pytest.warns(UserWarning, match="placeholder"):
         cluster = Cluster.from_device_kind("gpu", "NVIDIA H100 PCIe", 2)
@@ -254,15 +279,89 @@ def test_unknown_gpu_kind_warns_and_uses_a_generic_spec() -> None:
         Cluster.from_device_kind("metal", "Apple M2", 1)
 
 
+@pytest.mark.api
 def test_known_kinds_do_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Cluster.from_device_kind("gpu", "Tesla P100-SXM2-16GB", 8)
 
 
-def test_cluster_module_does_not_import_jax() -> None:
-    source = sys.modules["jaxpar.cluster"].__file__
-    assert source is not None
-    with open(source, encoding="utf-8") as handle:
-        text = handle.read()
-    assert not re.search(r"^\s*(import jax|from jax\b)", text, re.MULTILINE)
+# ---- the mesh model: what the planner prices ---------------------------------------------------
+
+
+@pytest.mark.closed_form
+def test_device_positions_rank_jax_device_ids() -> None:
+    assert device_positions((2, 3), None).tolist() == [[0, 1, 2], [3, 4, 5]]
+    # cluster device ids are positions in the job's device order: jax ids are ranked
+    assert device_positions((2, 2), np.array([[10, 3], [7, 5]])).tolist() == [[3, 0], [2, 1]]
+    with pytest.raises(ValueError, match="shape"):
+        device_positions((4,), np.array([[10, 3], [7, 5]]))
+
+
+@pytest.mark.closed_form
+def test_mesh_axes_price_each_axis_on_its_link() -> None:
+    cluster = Cluster.preset("p100", nodes=2)
+    mesh = mesh_axes(cluster, ("node", "gpu"), (2, 4), None)
+    assert (mesh.names, mesh.sizes, mesh.num_devices) == (("node", "gpu"), (2, 4), 8)
+    assert mesh.link_names == ("infiniband", "nvlink")
+    # the four node-axis pairs all pass through each node's one EDR card: 12.5 / 4 GB/s each
+    assert mesh.bandwidth == pytest.approx((12.5e9 / 4, 20e9))
+    assert mesh.latency == pytest.approx((5e-6, 1e-6))
+    # one 8-device ring over both axes crosses each card once
+    assert mesh.group((0, 1)) == pytest.approx((8, 12.5e9, 5e-6))
+    # jax devices laid out transposed (ids ranked): each gpu-axis row now spans both nodes,
+    # and the two rows share each card
+    ids = np.arange(8).reshape(4, 2).T + 100
+    swapped = mesh_axes(cluster, ("a", "b"), (2, 4), ids)
+    assert swapped.link_names == ("nvlink", "infiniband")
+    assert swapped.bandwidth == pytest.approx((20e9, 12.5e9 / 2))
+
+
+@pytest.mark.api
+def test_mesh_axes_reject_a_mesh_the_cluster_cannot_hold() -> None:
+    with pytest.raises(ValueError, match=r"pass Cluster.preset\('p100', nodes=2\)"):
+        mesh_axes(Cluster.preset("p100"), ("a",), (8,), None)
+    with pytest.raises(ValueError, match="2 axis names"):
+        mesh_axes(Cluster.preset("p100"), ("a", "b"), (4,), None)
+    with pytest.raises(ValueError, match="repeats"):
+        mesh_axes(Cluster.preset("p100"), ("a",), (2,), np.array([3, 3]))
+
+
+@pytest.mark.closed_form
+def test_slowest_device_sets_the_even_split_rates() -> None:
+    mixed = Cluster.preset("mixed-gpu")  # 8 A100 (ids 0-7), then 8 H100
+    peak, mem = slowest_device(mixed, (2, 8), None)
+    table = dict(peak)
+    assert table["bfloat16"] == pytest.approx(312e12)  # the A100's, not the H100's 989.4
+    assert table["float32"] == pytest.approx(19.5e12)
+    assert table["float8_e4m3fn"] == pytest.approx(19.5e12)  # no FP8 on an A100: its f32 rate
+    assert mem == pytest.approx(2039e9)
+    assert [k for k, _ in peak] == sorted(table)
+    # a mesh over the first 8 devices holds only A100s: their own table, no float8 entry
+    a100 = mixed.device_spec(0)
+    assert slowest_device(mixed, (8,), None) == (a100.peak_flops, a100.mem_bandwidth)
+    with pytest.raises(ValueError, match="needs 32 devices"):
+        slowest_device(mixed, (4, 8), None)
+
+
+@pytest.mark.closed_form
+def test_preset_sizing_is_the_smallest_cluster_holding_the_mesh() -> None:
+    assert preset_sizing("p100", 6) == {"nodes": 2}
+    assert preset_sizing("p100", 4096) == {"nodes": 1024}
+    assert preset_sizing("dgx-h100", 2) == {"nodes": 1}
+    assert preset_sizing("cpu", 3) == {"devices": 3}
+    assert preset_sizing("accpar-tpu", 7) == {"devices": 8}  # 4 of each kind
+    assert preset_sizing("mixed-gpu", 8) == {"devices": 8}  # half a node of each kind
+    assert preset_sizing("mixed-gpu", 16) == {"nodes": 1}
+    assert preset_sizing("mixed-gpu", 24) == {"nodes": 2}
+    for name in Cluster.presets():
+        for n in (1, 2, 3, 8, 13, 16, 40):
+            cluster = Cluster.preset(name, **preset_sizing(name, n))
+            cluster.check_mesh((n,))
+            speeds = mesh_speeds(cluster, (n,), None)
+            if speeds is not None and n > 1:  # a grouped preset: every kind is in the mesh
+                assert len(speeds.slowdown("float32")) == len(cluster.groups), (name, n)
+    with pytest.raises(ValueError, match="unknown cluster preset 'v100'"):
+        preset_sizing("v100", 8)
+    with pytest.raises(ValueError, match="at least 1 device"):
+        preset_sizing("p100", 0)

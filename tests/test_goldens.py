@@ -21,6 +21,8 @@ import pytest
 import jaxpar
 import models
 
+pytestmark = pytest.mark.golden
+
 GOLDEN_DIR = Path(__file__).parent / "goldens"
 UPDATE = os.environ.get("JAXPAR_UPDATE_GOLDENS") == "1"
 SETUPS = [({"node": 2, "gpu": 4}, "p100"), ({"data": 2, "model": 4}, "dgx-h100")]

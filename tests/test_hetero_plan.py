@@ -30,6 +30,7 @@ def two_device_cluster() -> Cluster:
     return Cluster.from_groups("two", groups, [link])
 
 
+@pytest.mark.closed_form
 def test_two_group_alpha_and_per_device_costs_match_closed_form():
     ex = models.get("mlp", small=True)
     plan = jaxpar.plan(
@@ -46,10 +47,10 @@ def test_two_group_alpha_and_per_device_costs_match_closed_form():
         assert r["groups"]["fast"] == pytest.approx(r["t_C"] * SLOW / FAST)
     # per node: ratio t_C = even t_C · 2·c_min / (c_slow + c_fast) where the split crosses groups
     factor = 2 * SLOW / (SLOW + FAST)
-    for node, row in zip(plan.ng.nodes, plan.eval.node_rows, strict=True):
+    for node, row in zip(plan.ng.nodes, plan.evaluation.node_rows, strict=True):
         cfg = plan.configs[node.index][plan.assignment[node.index]]
-        expect = row["t_C"] * (factor if any(d >= 0 for d in cfg) else 1.0)
-        assert row["t_C_ratio"] == pytest.approx(expect, rel=1e-12)
+        expect = row.t_C * (factor if any(d >= 0 for d in cfg) else 1.0)
+        assert row.t_C_ratio == pytest.approx(expect, rel=1e-12)
     c = plan.cost
     assert c.compute_s > c.ratio_compute_s > c.compute_s * factor * 0.999
     assert c.ratio_step_s == pytest.approx(c.ratio_compute_s + c.comm_s)
@@ -62,6 +63,7 @@ def test_two_group_alpha_and_per_device_costs_match_closed_form():
     assert same.cost.ratio_step_s == pytest.approx(same.cost.step_s, rel=1e-12)
 
 
+@pytest.mark.closed_form
 def test_homogeneous_ratio_equals_even():
     ex = models.get("cnn", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 4}, cluster="p100")
@@ -77,6 +79,7 @@ def _bytes_per_axis(plan) -> dict[str, float]:
     return out
 
 
+@pytest.mark.closed_form
 @pytest.mark.parametrize("mesh", [{"node": 2, "gpu": 4}, {"gpu": 4, "node": 2}])
 def test_slow_link_axis_carries_the_small_transfers(mesh):
     """Whichever mesh axis crosses the slow inter-node link, the big transfers avoid it."""
@@ -91,6 +94,7 @@ def test_slow_link_axis_carries_the_small_transfers(mesh):
     assert per_axis[slow] < 0.25 * per_axis[fast], dict(per_axis)
 
 
+@pytest.mark.closed_form
 def test_heterogeneous_mixed_gpu_prefers_the_fast_boundary():
     """mixed-gpu: 8 A100 + 8 H100; the node axis crosses the 25 GB/s A100 HDR links."""
     ex = models.get("gpt_small", small=True)
@@ -103,6 +107,7 @@ def test_heterogeneous_mixed_gpu_prefers_the_fast_boundary():
     assert "ratio split" in plan.report()
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("preset", ["accpar-tpu", "mixed-gpu"])
 def test_heterogeneous_plan_applies_and_matches_unsharded(preset):
     """Even split on 8 fake devices: same numbers as the unsharded step, HLO as predicted."""

@@ -6,7 +6,8 @@ from helpers import assert_equivalent
 
 import jaxpar
 import models
-from jaxpar.strategies import CONTRACTIONS, STRATEGIES, type2_dims
+from jaxpar.baselines import STRATEGIES, type2_dims
+from jaxpar.configs import CONTRACTIONS
 
 SETUPS = [({"data": 2, "model": 4}, "dgx-h100"), ({"node": 2, "gpu": 4}, "p100")]
 
@@ -18,7 +19,7 @@ def contraction_nodes(plan):
 
 
 def assert_hypar_space(plan):
-    data = plan.context["base_assign"]["data"]
+    data = plan.choice.baselines["data"][0]
     for node in contraction_nodes(plan):
         i = node.index
         cfg = plan.configs[i][plan.assignment[i]]
@@ -32,6 +33,7 @@ def assert_hypar_space(plan):
         )
 
 
+@pytest.mark.closed_form
 @pytest.mark.parametrize("name", ["soybean_mlp", "lenet5"])
 def test_type2_dims_follow_accpar_table3(name):
     """Dense: forward splits the contracted D_i, the input gradient its result's D_i, the weight
@@ -59,6 +61,7 @@ def test_type2_dims_follow_accpar_table3(name):
     assert sum(k == "input-grad" for _, k in seen) >= len(layers) - 1  # not of the first layer
 
 
+@pytest.mark.closed_form
 def test_type2_dims_conv():
     """Convolutions: Type-II is the input-channel dim k forward; input gradient: its result's
     channel c; weight gradient: the kernel's input-channel dim (size C_in of the layer)."""
@@ -89,6 +92,7 @@ def test_type2_dims_conv():
     assert kinds == {"input-grad", "weight-grad"}
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize(("mesh", "cluster"), SETUPS, ids=str)
 @pytest.mark.parametrize("name", ["mlp", "cnn", "gpt_small"])
 def test_hypar_between_auto_and_data(name, mesh, cluster):
@@ -104,6 +108,7 @@ def test_hypar_between_auto_and_data(name, mesh, cluster):
     assert "hypar*" in hypar.comparison()
 
 
+@pytest.mark.oracle
 def test_hypar_kcut_and_comm():
     ex = models.get("soybean_mlp")
     mesh = {"node": 4, "gpu": 4}
@@ -124,6 +129,7 @@ def test_hypar_kcut_and_comm():
         auto.variant("hypar")
 
 
+@pytest.mark.numerics
 def test_hypar_auto_shard_numerics():
     assert "hypar" in STRATEGIES
     ex = models.get("mlp", small=True)
@@ -136,5 +142,5 @@ def test_hypar_auto_shard_numerics():
     assert step.plan.strategy == "hypar"
     assert_hypar_space(step.plan)
     # the plan does use model parallelism (Type-II) somewhere: it is not just data parallel
-    data = step.plan.context["base_assign"]["data"]
+    data = step.plan.choice.baselines["data"][0]
     assert step.plan.assignment != data

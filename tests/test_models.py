@@ -46,6 +46,7 @@ def small_example(request) -> models.Example:
     return models.get(request.param, small=True)
 
 
+@pytest.mark.api
 def test_names_registered():
     assert models.NAMES == (
         "lenet5",
@@ -69,28 +70,35 @@ def test_names_registered():
     assert set(models.registered_names()) == set(ALL)
 
 
+@pytest.mark.api
 def test_unknown_name_raises():
     with pytest.raises(KeyError, match="unknown model"):
         models.get("no_such_model")
 
 
+@pytest.mark.api
 def test_args_are_abstract(small_example):
     for leaf in jax.tree.leaves(small_example.args):
         assert isinstance(leaf, jax.ShapeDtypeStruct)
     assert small_example.name in ALL
 
 
+@pytest.mark.api
 def test_default_small_batch_divisible_by_8(small_example):
     for leaf in jax.tree.leaves(small_example.args[1]):
         assert leaf.shape[0] % 8 == 0
 
 
+@pytest.mark.api
+@pytest.mark.slow
 def test_make_args_matches_args(small_example):
     concrete = small_example.make_args(0)
     assert jax.tree.structure(concrete) == jax.tree.structure(small_example.args)
     assert _leaf_signature(concrete) == _leaf_signature(small_example.args)
 
 
+@pytest.mark.api
+@pytest.mark.slow
 def test_make_args_deterministic(small_example):
     a = small_example.make_args(3)
     b = small_example.make_args(3)
@@ -103,6 +111,7 @@ def test_make_args_deterministic(small_example):
     )
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", ["lenet5", "gpt_small"])
 def test_make_args_equals_default_jit(name):
     # make_args compiles init at a lower XLA:CPU optimization level; values must not change.
@@ -114,6 +123,7 @@ def test_make_args_equals_default_jit(name):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.api
 def test_get_returns_fresh_config():
     a = models.get("mlp", small=True)
     a.config["lr"] = -1.0
@@ -122,6 +132,8 @@ def test_get_returns_fresh_config():
     assert b.step is a.step and b.init_state is a.init_state
 
 
+@pytest.mark.numerics
+@pytest.mark.slow
 def test_step_trains(small_example):
     device = jax.devices()[0]
     state, batch = jax.device_put(small_example.make_args(0), device)
@@ -147,6 +159,7 @@ def test_step_trains(small_example):
     assert any(changed)
 
 
+@pytest.mark.api
 def test_step_traces_abstractly(small_example):
     jaxpr = jax.make_jaxpr(small_example.step)(*small_example.args)
     assert len(jaxpr.jaxpr.eqns) > 0
@@ -155,6 +168,7 @@ def test_step_traces_abstractly(small_example):
     assert out_metrics["loss"].shape == () and out_metrics["loss"].dtype == jnp.float32
 
 
+@pytest.mark.api
 @pytest.mark.parametrize("name", ALL)
 def test_batch_override(name):
     ex = models.get(name, batch=24, small=True)
@@ -162,6 +176,7 @@ def test_batch_override(name):
         assert leaf.shape[0] == 24
 
 
+@pytest.mark.api
 @pytest.mark.parametrize("name", ALL)
 def test_full_config_is_abstract(name):
     # Full-size configs must be describable without allocating parameters (eval_shape only).
@@ -176,6 +191,7 @@ def test_full_config_is_abstract(name):
     assert ex.config["params"] >= small.config["params"]
 
 
+@pytest.mark.closed_form
 @pytest.mark.parametrize("name", models.NAMES)
 def test_full_param_counts(name):
     # Abstract only: counted from the ShapeDtypeStructs of ``args``, nothing is allocated.
@@ -186,12 +202,14 @@ def test_full_param_counts(name):
     assert abs(n / PUBLISHED_PARAMS[name] - 1) <= 0.03, (name, n, PUBLISHED_PARAMS[name])
 
 
+@pytest.mark.closed_form
 def test_soybean_full_batch():
     ex = models.get("soybean_mlp")
     assert ex.args[1]["x"].shape == (400, 320)
     assert ex.args[1]["y"].shape == (400,)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", ["mlp", "gpt_small"])
 def test_bfloat16_loss_is_f32(name):
     ex = models.get(name, small=True, dtype=jnp.bfloat16)

@@ -10,6 +10,8 @@ from helpers import assert_equivalent, assert_fidelity
 import jaxpar
 import models
 
+pytestmark = pytest.mark.numerics
+
 MESHES = {
     "8": {"data": 8},
     "2x4": {"data": 2, "model": 4},
@@ -35,6 +37,7 @@ def run_and_check(name, mesh_axes, **kw):
     return plan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", sorted(MESHES))
 @pytest.mark.parametrize("name", MODELS)
 def test_auto_numerics_fidelity_quality(name, mesh):

@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from jaxpar.search import Problem, brute_force, evaluate, solve, solve_exact
+from jaxpar.search import Problem, SearchBudget, brute_force, evaluate, solve, solve_exact
+
+pytestmark = pytest.mark.oracle
 
 
 def random_problem(rng, n, edges, max_c=4):
@@ -65,10 +67,45 @@ def test_wide_graph_falls_back_and_never_worsens_a_start():
     p = random_problem(rng, n, edges, max_c=5)
     p.blocks = [list(range(0, 6)), list(range(6, 12))]
     starts = [[0] * n, [len(u) - 1 for u in p.unary]]
-    sol = solve(p, starts=starts, table_budget=50, enum_budget=50)
+    sol = solve(p, starts=starts, budget=SearchBudget(table=50, enum=50))
     assert not sol.optimal  # too wide for a 50-entry budget: not certified
     assert sol.objective <= min(evaluate(p, s) for s in starts) + 1e-12
     assert evaluate(p, sol.assignment) == pytest.approx(sol.objective)
     exact = solve(p, starts=starts)  # with the default budget the same graph is exact
     assert exact.optimal
     assert exact.objective == pytest.approx(brute_force(p)[1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_factors_over_several_nodes_are_exact(seed):
+    """Tables over 3-4 nodes (a reshard shared by several readers) against enumeration, also
+    with some nodes held fixed (block descent) and restricted (k-cut)."""
+    from jaxpar.kcut import restrict
+
+    rng = np.random.default_rng(seed)
+    n = 8
+    p = random_problem(rng, n, chain(n), max_c=3)
+    for _ in range(3):
+        nodes = tuple(int(v) for v in rng.choice(n, size=int(rng.integers(3, 5)), replace=False))
+        p.add_factor(nodes, rng.random(tuple(len(p.unary[v]) for v in nodes)))
+    assert p.factors, "the sorted keys of 3+ nodes are kept as factors"
+    assignment, value, _ = solve_exact(p)
+    best_assign, best = brute_force(p)
+    assert value == pytest.approx(best, rel=1e-12)
+    assert evaluate(p, assignment) == pytest.approx(value, rel=1e-12)
+    fixed = {0: best_assign[0], 5: best_assign[5]}
+    _, fixed_value, _ = solve_exact(p, fixed)
+    assert fixed_value == pytest.approx(best, rel=1e-12)
+    keep = [list(range(len(u)))[: max(1, len(u) - 1)] for u in p.unary]
+    sub = restrict(p, keep)
+    assert solve_exact(sub)[1] == pytest.approx(brute_force(sub)[1], rel=1e-12)
+
+
+def test_add_factor_orders_its_nodes():
+    p = Problem(unary=[np.zeros(2), np.zeros(3), np.zeros(4)], edges={})
+    table = np.arange(24.0).reshape(4, 2, 3)  # axes: node 2, node 0, node 1
+    p.add_factor((2, 0, 1), table)
+    assert p.factors[(0, 1, 2)].shape == (2, 3, 4)
+    assert evaluate(p, [1, 2, 3]) == table[3, 1, 2]
+    with pytest.raises(ValueError, match="distinct"):
+        p.add_factor((0, 0, 1), np.zeros((2, 2, 3)))

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+pytestmark = [__import__("pytest").mark.closed_form, __import__("pytest").mark.slow]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

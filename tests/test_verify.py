@@ -26,6 +26,8 @@ from jaxpar.verify import (
     shape_bytes,
 )
 
+pytestmark = pytest.mark.closed_form
+
 F32 = 4
 
 

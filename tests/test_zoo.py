@@ -60,6 +60,8 @@ def _reference(name):
 # "auto": the planner's own choice (on these tiny models mostly replicated, i.e. no
 # collectives); "owt": forced data-parallel convolutions / model-parallel Dense layers, which
 # exercises all-reduces, all-gathers and all-to-alls in every model.
+@pytest.mark.numerics
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["auto", "owt"])
 @pytest.mark.parametrize("name", models.NAMES)
 def test_small_auto_shard_matches_unsharded(name, strategy):
@@ -75,6 +77,8 @@ def test_small_auto_shard_matches_unsharded(name, strategy):
         assert step.plan.collectives, "the forced strategy should communicate"
 
 
+@pytest.mark.api
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models.NAMES)
 def test_full_size_plans_abstractly(name):
     ex = models.get(name)
@@ -83,6 +87,7 @@ def test_full_size_plans_abstractly(name):
     assert math.isfinite(plan.cost.step_s) and plan.cost.step_s > 0
 
 
+@pytest.mark.api
 @pytest.mark.parametrize("name", models.NAMES)
 def test_every_primitive_has_a_sharding_rule(name):
     # No equation may fall back to the replicated rule (unknown primitive, scan, custom call...).

@@ -92,6 +92,62 @@ def _broadcast_member(program: Program, eqn_index: int, out_map: DimMap) -> Memb
     )
 
 
+def _input_node(program: Program, index: int, tid: int) -> Node:
+    """The planning node of a flat argument (its layout is the node's configuration)."""
+    shape = program.tensors[tid].shape
+    n = len(shape)
+    ident = tuple(range(n))
+    space = OpSpace(shape, (True,) * n, tuple(f"d{i}" for i in range(n)), (), (ident,), 0.0)
+    node = Node(index, space, [Member(-1, (), (ident,), 0.0, frozenset())], "input", "", -1)
+    node.invar = tid
+    node.tensor_maps[tid] = ident
+    node.fixed = _is_tiny(program, [tid])
+    return node
+
+
+def _anchor_member(e, space: OpSpace) -> Member:
+    """The member of an equation that anchors its own node."""
+    used = frozenset(d for m in space.in_maps + space.out_maps if m for d in m if d is not None)
+    return Member(e.index, space.in_maps, space.out_maps, space.flops, used)
+
+
+def _follower_member(e, program: Program, space: OpSpace, out_map: DimMap) -> Member:
+    """The member of an elementwise equation joining a node whose dims its result maps to:
+    operands of the result's shape read through the same map; broadcast operands map the dims
+    they share with the result, others none."""
+    out_shape = program.tensors[e.outputs[0]].shape
+    in_maps = []
+    for t in e.inputs:
+        shp = () if t is None else program.tensors[t].shape
+        if t is None:
+            in_maps.append(None)
+        elif shp == out_shape:
+            in_maps.append(out_map)
+        elif len(shp) == len(out_shape):
+            in_maps.append(
+                tuple(out_map[i] if s == out_shape[i] else None for i, s in enumerate(shp))
+            )
+        else:
+            in_maps.append((None,) * len(shp))
+    used = frozenset(d for d in out_map if d is not None)
+    return Member(e.index, tuple(in_maps), tuple(out_map for _ in e.outputs), space.flops, used)
+
+
+def _join_target(e, program, space, nodes, node_of_tensor) -> tuple[Node | None, DimMap | None]:
+    """The node an elementwise equation joins (the first same-shape operand's), and the map."""
+    if e.primitive not in _FOLLOWERS or space.replicated:
+        return None, None
+    out_shape = program.tensors[e.outputs[0]].shape
+    for t in e.inputs:
+        if t is None or t not in node_of_tensor or program.tensors[t].shape != out_shape:
+            continue
+        g = nodes[node_of_tensor[t]]
+        tmap = g.tensor_maps.get(t)
+        if tmap is not None and all(d is not None for d in tmap):
+            return g, tmap
+    return None, None
+
+
 def build_nodes(program: Program) -> NodeGraph:
     """Group the program's equations into planning nodes (see module docstring)."""
     nodes: list[Node] = []
@@ -99,71 +155,22 @@ def build_nodes(program: Program) -> NodeGraph:
     node_of_eqn: dict[int, int] = {}
     absorbed = _absorbable_broadcasts(program)
     absorbed_out = {program.eqns[b].outputs[0]: b for b in absorbed}
-
     for tid in program.invars:
-        shape = program.tensors[tid].shape
-        n = len(shape)
-        ident = tuple(range(n))
-        space = OpSpace(shape, (True,) * n, tuple(f"d{i}" for i in range(n)), (), (ident,), 0.0)
-        node = Node(
-            len(nodes), space, [Member(-1, (), (ident,), 0.0, frozenset())], "input", "", -1
-        )
-        node.invar = tid
-        node.tensor_maps[tid] = ident
-        node.fixed = _is_tiny(program, [tid])
-        nodes.append(node)
-        node_of_tensor[tid] = node.index
+        nodes.append(_input_node(program, len(nodes), tid))
+        node_of_tensor[tid] = nodes[-1].index
 
     for e in program.eqns:
         if e.index in absorbed:
             continue
         space = space_of(e, program)
-        out_shape = program.tensors[e.outputs[0]].shape
-        target = None
-        if e.primitive in _FOLLOWERS and not space.replicated:
-            for t in e.inputs:
-                if t is None or t not in node_of_tensor or program.tensors[t].shape != out_shape:
-                    continue
-                g = nodes[node_of_tensor[t]]
-                tmap = g.tensor_maps.get(t)
-                if tmap is not None and all(d is not None for d in tmap):
-                    target, out_map = g, tmap
-                    break
+        target, out_map = _join_target(e, program, space, nodes, node_of_tensor)
         if target is None:
             stack = e.name_stack
             target = Node(len(nodes), space, [], phase_of(stack), layer_of(stack), e.index)
             nodes.append(target)
-            out_map = tuple(range(len(out_shape))) if not space.replicated else None
-            member = Member(
-                e.index,
-                space.in_maps,
-                space.out_maps,
-                space.flops,
-                frozenset(
-                    d for m in space.in_maps + space.out_maps if m for d in m if d is not None
-                ),
-            )
+            member = _anchor_member(e, space)
         else:
-            in_maps = []
-            for t in e.inputs:
-                shp = () if t is None else program.tensors[t].shape
-                if t is None:
-                    in_maps.append(None)
-                elif shp == out_shape:
-                    in_maps.append(out_map)
-                else:
-                    in_maps.append(
-                        tuple(out_map[i] if s == out_shape[i] else None for i, s in enumerate(shp))
-                        if len(shp) == len(out_shape)
-                        else (None,) * len(shp)
-                    )
-            member = Member(
-                e.index,
-                tuple(in_maps),
-                tuple(out_map for _ in e.outputs),
-                space.flops,
-                frozenset(d for d in out_map if d is not None),
-            )
+            member = _follower_member(e, program, space, out_map)
         target.members.append(member)
         node_of_eqn[e.index] = target.index
         for t, m in zip(e.outputs, member.out_maps, strict=True):
@@ -173,8 +180,7 @@ def build_nodes(program: Program) -> NodeGraph:
         for t, m in zip(e.inputs, member.in_maps, strict=True):
             if t is not None and t in absorbed_out and m is not None:
                 b = absorbed_out[t]
-                bm = _broadcast_member(program, b, m)
-                target.members.insert(len(target.members) - 1, bm)
+                target.members.insert(len(target.members) - 1, _broadcast_member(program, b, m))
                 node_of_eqn[b] = target.index
                 target.tensor_maps[t] = m
                 node_of_tensor[t] = target.index

@@ -1,0 +1,225 @@
+"""The search stage: run the searches on the cost tables, certify, and choose the plan.
+
+Searches (`PlannerOptions.searches`): SoyBean's k-cut (`kcut.kcut`) and joint elimination
+(`search.solve`, which falls back to block descent from the baselines and k-cut's plan when the
+step is too wide). Both minimize ``tables.problem`` (a reshard per read); the reported cost
+(`evaluate`) produces a reshard shared by several readers once, so it can be lower.
+
+The certificate (docs/design.md, "The optimality certificate"): when elimination is exact, the
+``tables.bound`` problem (a read pays 1/k of its reshard, k = reads of the tensor; a lower bound
+of the reported cost of *every* assignment) is solved exactly too. Its minimizer is one more
+candidate, and a plan is ``optimal`` exactly when its reported cost reaches that lower bound, so
+``optimal=True`` holds for the cost the user is shown. Strategies "data", "model", "owt" are
+fixed rules and never claim optimality.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from .baselines import BASELINES, baseline_assignment, hypar_space
+from .configs import node_configs
+from .cost import compute_times, unary_costs
+from .evaluate import EvalContext, Evaluation, evaluate
+from .kcut import cut_order, kcut, project, restrict
+from .options import PlannerOptions
+from .search import Problem, eliminates, solve, solve_exact
+from .tables import CostTables, ReshardTables
+
+Tick = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchRun:
+    """One search's result, priced by `evaluate`."""
+
+    name: str  # "elimination" or "kcut"
+    assignment: tuple[int, ...]
+    evaluation: Evaluation
+    exact: bool  # the search solved its problem exactly
+    certified: bool  # its reported cost reaches the exact lower bound
+    time_s: float
+    stats: dict  # search statistics (method, rounds, cuts, ...)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """Stage result: the chosen assignment, its evaluation and certificate, the alternatives."""
+
+    strategy: str
+    assignment: tuple[int, ...]
+    evaluation: Evaluation
+    optimal: bool  # certified: reported objective == exact lower bound (within 1e-9)
+    lower_bound: float | None  # exact minimum of the bound problem, when it was solved
+    runs: dict[str, SearchRun]  # every search that ran
+    baselines: dict[str, tuple[tuple[int, ...], Evaluation]]  # data / model / owt
+    fell_back_to: str | None  # a baseline that beat the search under the reported cost
+
+
+def reaches(value: float, lower_bound: float | None) -> bool:
+    """Whether a reported objective meets the lower bound (relative tolerance 1e-9)."""
+    return lower_bound is not None and value <= lower_bound * (1 + 1e-9) + 1e-300
+
+
+def choose(
+    ctx: EvalContext,
+    options: PlannerOptions,
+    sizes: Sequence[int],
+    tick: Tick | None = None,
+) -> Choice:
+    """Baselines always; the searches for "auto" / "hypar"; the best plan, certified or not."""
+    tick = tick or (lambda _detail: None)
+    ng, tables = ctx.ng, ctx.tables
+    memo: dict[tuple[int, ...], Evaluation] = {}
+
+    def priced(a: Sequence[int]) -> Evaluation:  # searches often return a baseline's plan
+        key = tuple(a)
+        if key not in memo:
+            memo[key] = evaluate(ctx, key)
+        return memo[key]
+
+    base = {
+        s: tuple(baseline_assignment(s, ng, list(tables.configs), ctx.batch, ctx.labels, sizes))
+        for s in BASELINES
+    }
+    base_eval = {s: priced(a) for s, a in base.items()}
+    baselines = {s: (base[s], base_eval[s]) for s in BASELINES}
+    if options.strategy not in ("auto", "hypar"):
+        a = base[options.strategy]
+        return Choice(
+            options.strategy, a, base_eval[options.strategy], False, None, {}, baselines, None
+        )
+    space = None  # per node, the configuration indices the strategy may use
+    if options.strategy == "hypar":
+        space = hypar_space(ng, list(tables.configs), ctx.batch, base["data"])
+    runs: dict[str, SearchRun] = {}
+    lower = None
+    for name in options.searches():
+        t0 = time.perf_counter()
+        if name == "kcut":
+            assignment, exact, stats = _run_kcut(ctx, options, space, list(base.values()), tick)
+            candidates = [assignment]
+        else:
+            extra = [runs["kcut"].assignment] if "kcut" in runs else []
+            candidates, exact, lower, stats = _run_elimination(
+                tables, options, space, [*base.values(), *extra], tick
+            )
+            candidates += extra  # k-cut's plan: elimination reports nothing worse
+        evals = [(tuple(a), priced(a)) for a in candidates]
+        a, ev = min(evals, key=lambda x: x[1].objective)
+        runs[name] = SearchRun(name, a, ev, exact, False, time.perf_counter() - t0, stats)
+    runs = {
+        n: dataclasses.replace(r, certified=reaches(r.evaluation.objective, lower))
+        for n, r in runs.items()
+    }
+    chosen = runs[options.search]
+    assignment, evaluation, fell_back = chosen.assignment, chosen.evaluation, None
+    # never report a plan worse than a baseline under the reported cost (hypar: only baselines
+    # inside its space, i.e. data parallel)
+    allowed = [s for s in BASELINES if space is None or project(base[s], space) is not None]
+    for name in allowed:
+        if base_eval[name].objective < evaluation.objective * (1 - 1e-12):
+            assignment, evaluation, fell_back = base[name], base_eval[name], name
+    optimal = reaches(evaluation.objective, lower)
+    return Choice(
+        options.strategy, assignment, evaluation, optimal, lower, runs, baselines, fell_back
+    )
+
+
+def _run_elimination(
+    tables: CostTables,
+    options: PlannerOptions,
+    space: list[list[int]] | None,
+    starts: list[Sequence[int]],
+    tick: Tick,
+) -> tuple[list[list[int]], bool, float | None, dict]:
+    """Joint elimination over the whole space (or HyPar's ``space``).
+
+    Returns the candidate assignments, whether the search was exact, an exact lower bound of
+    every plan's reported cost (None when none could be solved exactly), and stats. The bound:
+    the problem's own minimum when its tables are exact; else the minimum of ``bound`` (exact
+    factors, lower pairs where they fell back); when the problem is too wide to eliminate, the
+    all-pairwise bound, which has no factors widening the graph.
+    """
+    problems = [tables.problem, tables.bound, tables.pairwise_bound]
+    if space is not None:
+        problems = [restrict(p, space) for p in problems]
+        starts = [p for p in (project(s, space) for s in starts) if p is not None]
+    problem, bound, pairwise = problems
+    on_round = lambda detail: tick(f"round {detail}")
+    sol = solve(problem, starts=starts, budget=options.budget, on_round=on_round)
+    found, lower, stats = [sol.assignment], None, dict(sol.stats)
+    stats["objective"] = sol.objective
+    if sol.optimal and tables.exact:
+        lower = sol.objective
+    else:  # exact elimination only: a bound that descent merely approaches certifies nothing
+        t0 = time.perf_counter()
+        low_problem, budget = (bound if sol.optimal else pairwise), options.budget
+        if eliminates(low_problem, budget.table, budget.enum)[0]:
+            low, lower, _ = solve_exact(low_problem, None, budget.table, budget.enum)
+            found.append(low)
+        stats["bound_time_s"] = time.perf_counter() - t0
+    if space is not None:
+        found = [[space[v][i] for v, i in enumerate(a)] for a in found]
+    return found, sol.optimal, lower, stats
+
+
+def _run_kcut(
+    ctx: EvalContext,
+    options: PlannerOptions,
+    space: list[list[int]] | None,
+    starts: list[Sequence[int]],
+    tick: Tick,
+) -> tuple[list[int], bool, dict]:
+    """SoyBean's k-cut, one cut per mesh axis, slowest interconnect first.
+
+    Under ``objective="comm"`` contractions only have full-degree configurations, which a cut
+    that leaves later axes unused cannot pass through: k-cut then runs on tables over every
+    configuration (`_unfiltered`) and may only end on the planner's own ones.
+    """
+    tables, mesh = ctx.tables, ctx.params.mesh
+    configs = list(tables.configs)
+    final = space if space is not None else [list(range(len(c))) for c in configs]
+    starts = [list(s) for s in starts]
+    ext_configs, ext, tables_s = configs, tables.problem, 0.0
+    if ctx.params.objective == "comm":
+        t0 = time.perf_counter()
+        ext_configs, ext = _unfiltered(ctx)
+        tables_s = time.perf_counter() - t0
+        index = [{c: i for i, c in enumerate(e)} for e in ext_configs]
+        final = [[index[v][configs[v][i]] for i in final[v]] for v in range(len(configs))]
+        starts = [[index[v][configs[v][a]] for v, a in enumerate(s)] for s in starts]
+    res = kcut(ext, ext_configs, mesh.sizes, mesh.bandwidth, final, starts, options.budget)
+    tick(f"k-cut: {len(res.cuts)} cut{'s' if len(res.cuts) != 1 else ''}")
+    assignment = res.assignment
+    if ext is not tables.problem:
+        back = [{c: i for i, c in enumerate(cf)} for cf in configs]
+        assignment = [back[v][ext_configs[v][a]] for v, a in enumerate(assignment)]
+    stats = {
+        "method": "k-cut",
+        "order": [mesh.names[a] for a in cut_order(mesh.sizes, mesh.bandwidth)],
+        "cuts": [dict(c.as_dict(), axis_name=mesh.names[c.axis]) for c in res.cuts],
+        "exact": res.exact_cuts,
+        "tables_s": tables_s,  # building tables over every configuration ("comm" only)
+    }
+    return assignment, False, stats
+
+
+def _unfiltered(ctx: EvalContext) -> tuple[list[list], Problem]:
+    """Tables over every configuration (no full-degree filter for contractions)."""
+    ng, params, tables = ctx.ng, ctx.params, ctx.tables
+    ext_configs = []
+    for node, cfgs in zip(ng.nodes, tables.configs, strict=True):
+        every = node_configs(ng, node, params.mesh.sizes)
+        ext_configs.append(every if set(cfgs) <= set(every) else cfgs)
+    unary = [
+        unary_costs(ng, node, cfgs, params, compute_times(ng, node, cfgs, params))
+        for node, cfgs in zip(ng.nodes, ext_configs, strict=True)
+    ]
+    ext = Problem(unary=unary, edges={}, blocks=tables.problem.blocks)
+    reshards = ReshardTables(ng, ext_configs, params)
+    for use in tables.uses:
+        ext.add_edge(use.src, use.dst, reshards.table(use))
+    return ext_configs, ext

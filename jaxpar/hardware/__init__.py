@@ -1,0 +1,35 @@
+"""The hardware a plan targets, as pure data and formulas (numpy only, no jax import).
+
+- `devices`: `DeviceSpec`, `LinkLevel`, `DeviceGroup` and the units `GB`, `TFLOPS`, `US`;
+- `presets`: the datasheet presets, each number with its source (`Cluster.preset`);
+- `cluster`: `Cluster`, the topology model: levels, groups, links and bandwidths per mesh axis;
+- `mesh_model`: the cost model's view of a mesh on a cluster (`MeshAxes`, `mesh_axes`, ...);
+- `speeds`: heterogeneous per-device speeds, AccPar's ratio split (`MeshSpeeds`).
+
+The jax side (building meshes, describing them, picking the cluster for one) is
+`jaxpar.meshes`.
+"""
+
+from .cluster import Cluster
+from .devices import GB, TFLOPS, US, DeviceGroup, DeviceSpec, LinkLevel
+from .mesh_model import MeshAxes, device_positions, mesh_axes, mesh_speeds, slowest_device
+from .presets import preset_sizing
+from .speeds import MeshSpeeds, ratio_factor
+
+__all__ = [
+    "GB",
+    "TFLOPS",
+    "US",
+    "Cluster",
+    "DeviceGroup",
+    "DeviceSpec",
+    "LinkLevel",
+    "MeshAxes",
+    "MeshSpeeds",
+    "device_positions",
+    "mesh_axes",
+    "mesh_speeds",
+    "preset_sizing",
+    "ratio_factor",
+    "slowest_device",
+]

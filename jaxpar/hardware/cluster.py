@@ -1,0 +1,446 @@
+"""The cluster a plan targets: OptCNN's device graph (§4) in a compact hierarchical form.
+
+OptCNN models the hardware as a graph whose nodes are devices and whose edges carry a bandwidth
+b(d_i, d_j). Real clusters are hierarchical, so instead of an n-by-n table we keep *levels*,
+innermost first: GPUs inside a node joined by NVLink, nodes joined by InfiniBand. Devices are
+numbered so that every group of a level is a consecutive block of ids::
+
+    p100, nodes=2      ids 0 1 2 3 | 4 5 6 7
+    level 0 nvlink     [0 1 2 3]     [4 5 6 7]     group_size 4
+    level 1 infiniband [0 1 2 3 4 5 6 7]           group_size 8 (the whole cluster)
+
+The link between two devices is the innermost level whose group holds both, and a collective
+over a set of devices runs at the speed of the slowest (outermost) level the set spans. That is
+all the cost model needs: which level each mesh axis crosses (`Cluster.axis_links`), and how
+much of that level's bandwidth one group gets when several groups cross it at once
+(`Cluster.axis_bandwidths`). `mesh_model.mesh_axes` turns both
+into the cost model's view of a mesh; the collective cost formulas live in `cost.py`.
+
+Devices may differ (AccPar's heterogeneous arrays, §2.3 and §6.2): `Cluster.groups` lists
+*device groups*, consecutive blocks of ids that share one `DeviceSpec` (AccPar's computation
+density c_i) and one per-device link bandwidth (AccPar's network bandwidth b_i)::
+
+    accpar-tpu         ids 0 .. 127 | 128 .. 255
+    groups             [TPU-v2 x 128] [TPU-v3 x 128]   c = 180 / 420 TFLOP/s, b = 1 / 2 GB/s
+    level 0 network    [0 .. 255]                       one flat fabric (AccPar models no other)
+
+A group's devices drive at most their own link bandwidth on any level, so a collective runs
+no faster than min(level bandwidth, b_i of its slowest member) (`Cluster.axis_bandwidths`).
+The per-device c_i (`Cluster.device_flops`) feed the ratio costs of `speeds.py` (AccPar
+Eq. 8-10). A cluster with no groups is homogeneous: every device is `Cluster.device`.
+
+Every preset number carries its source (`DeviceSpec.source`, `LinkLevel.source`; the presets
+are in `presets.py`), and `Cluster.describe` prints them, so a prediction can always be traced
+back to a datasheet.
+
+Pure module: numpy only, no jax import; `from_device_kind` takes the strings jax reports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+
+from . import presets
+from .devices import GB, TFLOPS, US, DeviceGroup, DeviceSpec, LinkLevel
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices and the hierarchy of links between them (OptCNN's device graph)."""
+
+    name: str  # preset name ("p100", "dgx-h100", "cpu", ...) or a label for a hand-built cluster
+    # Homogeneous cluster: every device's spec. Heterogeneous: the first group's spec (device 0;
+    # the presets list their slowest kind first, so this is a conservative stand-in for code
+    # that reads one spec). Read per-device specs through device_spec(i).
+    device: DeviceSpec
+    num_devices: int  # devices in the cluster, numbered 0 .. num_devices - 1
+    # Link levels, innermost first; level L's groups are consecutive blocks of
+    # levels[L].group_size ids, each group size divides the next, the last is num_devices.
+    levels: tuple[LinkLevel, ...]
+    # Device groups in id order (counts sum to num_devices); empty: homogeneous, all `device`.
+    # Unless the cluster has a single, flat level, every block of the innermost level (a node)
+    # lies inside one group. Build with Cluster.from_groups to get `device` and `num_devices`.
+    groups: tuple[DeviceGroup, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "levels", tuple(self.levels))
+        object.__setattr__(self, "groups", tuple(self.groups))
+        _check_levels(self.name, self.num_devices, self.levels)
+        _check_groups(self)
+
+    # ---- construction -------------------------------------------------------------------
+
+    @classmethod
+    def presets(cls) -> list[str]:
+        """Names accepted by `Cluster.preset`."""
+        return presets.preset_names()
+
+    @classmethod
+    def preset(cls, name: str, nodes: int = 1, *, devices: int | None = None) -> Cluster:
+        """A documented cluster.
+
+        Homogeneous: "p100" (OptCNN §6), "dgx-h100", "cpu". `nodes` picks how many nodes a GPU
+        preset has. `devices` sizes the "cpu" preset (default 8), and for a GPU preset asks for
+        part of one node (devices <= per node) or a whole number of nodes.
+
+        Heterogeneous, devices of each kind in equal numbers, slowest kind first (lowest ids):
+
+        - "accpar-tpu": AccPar §6.2, 128 TPU-v2 + 128 TPU-v3 boards on one flat network.
+          `devices=N` (even) gives N/2 of each; `nodes` must stay 1.
+        - "accpar-tpu-homogeneous": AccPar §6.3, 128 TPU-v3 boards; `devices=N` gives N.
+        - "mixed-gpu": nodes of 8 A100-SXM4-80GB and nodes of 8 H100-SXM5, NVSwitch inside a
+          node, InfiniBand between. `nodes=k` means k nodes *of each kind* (16k GPUs; default
+          one A100 node + one H100 node). `devices=N` (even) gives N/2 of each kind: part of
+          one node each (N <= 16) or whole nodes (N a multiple of 16).
+        """
+        return cls(*presets.preset_layout(name, nodes, devices))
+
+    @classmethod
+    def from_groups(
+        cls, name: str, groups: Sequence[DeviceGroup], levels: Sequence[LinkLevel]
+    ) -> Cluster:
+        """A cluster of device groups: `device` is the first group's, `num_devices` the total."""
+        groups = tuple(groups)
+        if not groups:
+            raise ValueError(f"cluster {name!r}: from_groups needs at least one device group")
+        total = sum(group.count for group in groups)
+        return cls(name, groups[0].device, total, tuple(levels), groups)
+
+    @classmethod
+    def from_device_kind(
+        cls,
+        platform: str,
+        device_kind: str,
+        num_devices: int,
+        *,
+        devices_per_node: int | None = None,
+    ) -> Cluster:
+        """The cluster for devices jax reports (`jax.devices()[0].platform` / `.device_kind`).
+
+        `devices_per_node` is `jax.local_device_count()` when known; without it a GPU preset's
+        own node size is assumed. Unrecognised GPU and TPU kinds get placeholder numbers and a
+        warning (TPU interconnect topology is not modelled).
+        """
+        layout = presets.detect_layout(platform, device_kind, num_devices, devices_per_node)
+        return cls(*layout)
+
+    # ---- devices and links --------------------------------------------------------------
+
+    @property
+    def heterogeneous(self) -> bool:
+        """True when devices differ: more than one kind (spec and bandwidth caps) of group."""
+        return len({group.kind() for group in self.groups}) > 1
+
+    def all_groups(self) -> tuple[DeviceGroup, ...]:
+        """The device groups; a homogeneous cluster reports one implicit group of every device."""
+        if self.groups:
+            return self.groups
+        return (DeviceGroup(self.device.name, self.device, self.num_devices),)
+
+    def group_ids(self) -> np.ndarray:
+        """Index into `all_groups()` of every device: an int array of length num_devices."""
+        counts = [group.count for group in self.all_groups()]
+        return np.repeat(np.arange(len(counts)), counts)
+
+    def device_spec(self, device_id: int) -> DeviceSpec:
+        """Spec of one device: its group's spec (`device` for a homogeneous cluster)."""
+        self._check_id(device_id)
+        if not self.groups:
+            return self.device
+        return self.groups[int(self.group_ids()[device_id])].device
+
+    def device_flops(self, dtype: object) -> np.ndarray:
+        """Peak FLOP/s of every device for `dtype` (AccPar's c_i): floats, length num_devices."""
+        rates = [group.device.flops(dtype) for group in self.all_groups()]
+        return np.asarray(rates, dtype=float)[self.group_ids()]
+
+    # ---- meshes -------------------------------------------------------------------------
+
+    def check_mesh(
+        self, mesh_shape: Sequence[int], device_ids: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Validate a mesh against the cluster; return its device-id array.
+
+        `device_ids` (shape `mesh_shape`) holds cluster device ids; None means row-major
+        `arange`, as for an abstract mesh. Raises ValueError when the cluster is too small, the
+        shape does not match, or ids are out of range or repeated.
+        """
+        shape = _mesh_shape(mesh_shape)
+        needed = math.prod(shape)
+        if needed > self.num_devices:
+            raise ValueError(self._too_small_message(needed))
+        if device_ids is None:
+            return np.arange(needed).reshape(shape)
+        ids = np.asarray(device_ids)
+        if ids.shape != shape:
+            raise ValueError(f"device_ids has shape {ids.shape} but the mesh shape is {shape}")
+        self._check_ids(ids)
+        if np.unique(ids).size != ids.size:
+            raise ValueError(f"device_ids repeats a device: {ids.tolist()}")
+        return ids
+
+    def axis_links(
+        self, mesh_shape: Sequence[int], device_ids: np.ndarray | None = None
+    ) -> tuple[LinkLevel, ...]:
+        """For each mesh axis, the slowest level any of its groups spans.
+
+        The groups of axis k are the device sets obtained by varying index k with the other
+        indices fixed: a collective over axis k runs within them, concurrently. Axes of size 1
+        report the innermost level (they never communicate).
+        """
+        return tuple(self.levels[i] for i in self._axis_level_indices(mesh_shape, device_ids))
+
+    def axis_bandwidths(
+        self, mesh_shape: Sequence[int], device_ids: np.ndarray | None = None
+    ) -> tuple[float, ...]:
+        """For each mesh axis, the bytes/s per direction one device gets in a collective over it.
+
+        That is the bandwidth of the axis's level divided by the contention on shared ports:
+        every group crossing a level passes once (ring) through the port of each inner group it
+        touches, and when more groups pass through a block than it has ports (block size /
+        shared_by) they split them. Example, p100 with 4 nodes and a (4, 4) mesh: each axis-0
+        group {i, i+4, i+8, i+12} crosses every node, the four of them share each node's one
+        InfiniBand card, so each gets 12.5 / 4 GB/s; a single 16-device ring gets 12.5 GB/s.
+
+        With device groups, a ring also runs no faster than its slowest member's own cap
+        (`DeviceGroup.link_bandwidth`, `level_bandwidths`); the axis reports its slowest ring.
+        """
+        ids = self.check_mesh(mesh_shape, device_ids)
+        result = []
+        for axis, level in enumerate(self._axis_level_indices(mesh_shape, ids)):
+            rows = _axis_groups(ids, axis)
+            bandwidth = self._group_bandwidth(rows, level)
+            if self.groups and rows.shape[1] > 1:
+                # Heterogeneous: every ring also runs at its slowest member's own cap.
+                bandwidth = min(bandwidth, self._rows_cap(rows))
+            result.append(bandwidth)
+        return tuple(result)
+
+    # ---- reporting ----------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """Human-readable table of the cluster's numbers and where each comes from."""
+        if not self.groups:
+            spec = self.device
+            lines = [
+                f"cluster {self.name!r} ({self._size_label()}): {self.num_devices} x {spec.name}",
+                f"  device numbers: {spec.source or 'no source given'}",
+                *_spec_lines(spec),
+            ]
+        else:
+            parts = " + ".join(f"{group.count} x {group.device.name}" for group in self.groups)
+            kind = "heterogeneous" if self.heterogeneous else "one kind"
+            lines = [f"cluster {self.name!r} ({self._size_label()}, {kind}): {parts}"]
+            for index, ids in enumerate(self._group_slices()):
+                lines += self._group_lines(index, ids)
+        lines.append("  link levels, innermost first:")
+        lines.append(
+            f"    {'level':<14} {'group':>5} {'GB/s/dir':>9} {'latency':>9} {'shared':>6}  source"
+        )
+        for level in self.levels:
+            lines.append(
+                f"    {level.name:<14} {level.group_size:>5} {level.bandwidth / GB:>9.2f} "
+                f"{level.latency / US:>7.1f}us {level.shared_by:>6}  {level.source}"
+            )
+        return "\n".join(lines)
+
+    def _group_lines(self, index: int, ids: slice) -> list[str]:
+        """describe() rows of device group `index` (device ids `ids`): specs, caps, sources."""
+        group = self.groups[index]
+        lines = [
+            f"  group {index} {group.name!r}: devices {ids.start}..{ids.stop - 1}, "
+            f"{group.count} x {group.device.name}",
+            f"    device numbers: {group.device.source or 'no source given'}",
+            *["  " + line for line in _spec_lines(group.device)],
+        ]
+        for level in self.levels:  # the group's own b_i on each level it caps
+            cap = group.bandwidth_cap(level.name)
+            if math.isfinite(cap):
+                label = f"link cap {level.name}"
+                lines.append(f"      {label:<20} {f'{cap / GB:.2f} GB/s':>16}")
+        if group.source:
+            lines.append(f"    group numbers: {group.source}")
+        return lines
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _check_id(self, device_id: int) -> None:
+        if not 0 <= device_id < self.num_devices:
+            raise ValueError(self._out_of_range_message([device_id]))
+
+    def _device_caps(self, level_name: str) -> np.ndarray:
+        """Each device's own cap (bytes/s) on the level named `level_name`; inf for none."""
+        caps = [group.bandwidth_cap(level_name) for group in self.all_groups()]
+        return np.asarray(caps, dtype=float)[self.group_ids()]
+
+    def _rows_cap(self, rows: np.ndarray) -> float:
+        """Smallest own cap of any device in the rows, each on the level its row spans."""
+        row_levels = self._row_levels(rows)
+        cap = math.inf
+        for index in np.unique(row_levels).tolist():
+            caps = self._device_caps(self.levels[index].name)[rows[row_levels == index]]
+            cap = min(cap, float(caps.min()))
+        return cap
+
+    def _group_slices(self) -> tuple[slice, ...]:
+        """Device-id range of each group of `all_groups()`, in order."""
+        ends = np.cumsum([group.count for group in self.all_groups()]).tolist()
+        return tuple(slice(start, end) for start, end in zip([0, *ends[:-1]], ends, strict=True))
+
+    def _axis_level_indices(
+        self, mesh_shape: Sequence[int], device_ids: np.ndarray | None
+    ) -> tuple[int, ...]:
+        ids = self.check_mesh(mesh_shape, device_ids)
+        return tuple(int(self._row_levels(_axis_groups(ids, a)).max()) for a in range(ids.ndim))
+
+    def _row_levels(self, rows: np.ndarray) -> np.ndarray:
+        """Level index spanned by each row of a (groups, members) id array."""
+        result = np.full(rows.shape[0], len(self.levels) - 1)
+        # Walk outward-in so each row ends at the innermost level whose block holds it.
+        for index in range(len(self.levels) - 1, -1, -1):
+            blocks = rows // self.levels[index].group_size
+            inside = (blocks == blocks[:, :1]).all(axis=1)
+            result[inside] = index
+        return result
+
+    def _group_bandwidth(self, groups: np.ndarray, level_index: int) -> float:
+        """Bandwidth per device for `groups` running concurrently on level `level_index`."""
+        level = self.levels[level_index]
+        if level_index == 0 or level.shared_by == 1:
+            return level.bandwidth
+        block_size = self.levels[level_index - 1].group_size
+        ports_per_block = block_size // level.shared_by
+        crossing = groups[self._row_levels(groups) == level_index]
+        # Count, for every inner block, the crossing groups that pass through it.
+        passes = np.zeros(self.num_devices // block_size, dtype=int)
+        for row in crossing:
+            passes[np.unique(row // block_size)] += 1
+        contention = max(1, math.ceil(int(passes.max(initial=0)) / ports_per_block))
+        return level.bandwidth / contention
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"device ids must be integers, got dtype {ids.dtype}")
+        bad = ids[(ids < 0) | (ids >= self.num_devices)]
+        if bad.size:
+            raise ValueError(self._out_of_range_message(bad.tolist()))
+
+    def _out_of_range_message(self, bad: list[int]) -> str:
+        return (
+            f"device ids {sorted(set(bad))} are out of range for cluster {self.name!r} "
+            f"({self._size_label()}), whose devices are 0..{self.num_devices - 1}"
+        )
+
+    def _size_label(self) -> str:
+        """How `Cluster.preset` would size this cluster: "nodes=2" or "devices=6"."""
+        return presets.size_label(self.name, self.num_devices, self.levels[0].group_size)
+
+    def _too_small_message(self, needed: int) -> str:
+        return presets.too_small_message(
+            self.name, self.num_devices, self.levels[0].group_size, needed
+        )
+
+
+# ---- module helpers -------------------------------------------------------------------------
+
+
+def _flops_text(flops: float) -> str:
+    """'10.60 TFLOP/s', or '50.0 GFLOP/s' below one TFLOP/s (CPU numbers)."""
+    return f"{flops / TFLOPS:.2f} TFLOP/s" if flops >= TFLOPS else f"{flops / 1e9:.1f} GFLOP/s"
+
+
+def _spec_lines(spec: DeviceSpec) -> list[str]:
+    """describe() rows of one device spec: peak rates, memory bandwidth, memory."""
+    lines = [f"    {'peak ' + k:<20} {_flops_text(v):>16}" for k, v in spec.peak_flops]
+    lines.append(f"    {'memory bandwidth':<20} {f'{spec.mem_bandwidth / GB:.1f} GB/s':>16}")
+    lines.append(f"    {'memory':<20} {f'{spec.memory_bytes / GB:.1f} GB':>16}")
+    return lines
+
+
+def _check_levels(name: str, num_devices: int, levels: tuple[LinkLevel, ...]) -> None:
+    """Raise ValueError unless `levels` nest as Cluster.levels documents."""
+    if num_devices < 1:
+        raise ValueError(f"cluster {name!r}: num_devices must be >= 1, got {num_devices}")
+    if not levels:
+        raise ValueError(f"cluster {name!r}: needs at least one link level")
+    sizes = [level.group_size for level in levels]
+    if sizes[-1] != num_devices:
+        raise ValueError(
+            f"cluster {name!r}: the outermost level's group ({sizes[-1]}) must be the whole "
+            f"cluster ({num_devices} devices)"
+        )
+    for inner, outer in pairwise(sizes):
+        if inner < 1 or outer <= inner or outer % inner:
+            raise ValueError(
+                f"cluster {name!r}: level group sizes {sizes} must grow, each dividing the next"
+            )
+    for index, level in enumerate(levels):
+        if level.bandwidth <= 0 or level.latency < 0:
+            raise ValueError(f"cluster {name!r}: level {level.name!r} needs bandwidth > 0")
+        inner_size = sizes[index - 1] if index else 1
+        if level.shared_by < 1 or inner_size % level.shared_by:
+            raise ValueError(
+                f"cluster {name!r}: level {level.name!r} shared_by={level.shared_by} must divide "
+                f"the inner group size {inner_size}"
+            )
+
+
+def _check_groups(cluster: Cluster) -> None:
+    """Raise ValueError unless `cluster.groups` fits the cluster as Cluster.groups documents."""
+    groups, name = cluster.groups, cluster.name
+    if not groups:
+        return
+    if not all(isinstance(group, DeviceGroup) for group in groups):
+        raise ValueError(f"cluster {name!r}: groups must be DeviceGroup objects")
+    total = sum(group.count for group in groups)
+    if total != cluster.num_devices:
+        counts = " + ".join(f"{group.name}: {group.count}" for group in groups)
+        raise ValueError(
+            f"cluster {name!r}: device groups hold {total} devices ({counts}) but num_devices is "
+            f"{cluster.num_devices}; the counts must sum to num_devices"
+        )
+    if cluster.device != groups[0].device:
+        raise ValueError(
+            f"cluster {name!r}: device must be the first group's spec "
+            f"({groups[0].device.name!r}), got {cluster.device.name!r}; "
+            f"Cluster.from_groups sets it"
+        )
+    level_names = {level.name for level in cluster.levels}
+    for group in groups:
+        unknown = sorted({k for k, _ in group.level_bandwidths} - level_names)
+        if unknown:
+            raise ValueError(
+                f"cluster {name!r}: group {group.name!r} caps levels {unknown}, but the "
+                f"cluster's levels are {[level.name for level in cluster.levels]}"
+            )
+    if len(cluster.levels) == 1:
+        return  # one flat level: every device reaches every other the same way, any split fits
+    inner = cluster.levels[0]
+    start = 0
+    for group in groups:
+        stop = start + group.count
+        if start % inner.group_size or stop % inner.group_size:
+            raise ValueError(
+                f"cluster {name!r}: group {group.name!r} (devices {start}..{stop - 1}) splits a "
+                f"block of the innermost level {inner.name!r} ({inner.group_size} devices): "
+                f"every node must hold one device kind, so group counts must be multiples of "
+                f"{inner.group_size} (a flat single-level cluster may split anywhere)"
+            )
+        start = stop
+
+
+def _mesh_shape(mesh_shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(int(n) for n in mesh_shape)
+    if not shape or any(n < 1 for n in shape):
+        raise ValueError(f"mesh shape must be a non-empty tuple of positive sizes, got {shape}")
+    return shape
+
+
+def _axis_groups(ids: np.ndarray, axis: int) -> np.ndarray:
+    """The groups of a mesh axis as rows: index `axis` varies, all other indices fixed."""
+    return np.moveaxis(ids, axis, -1).reshape(-1, ids.shape[axis])

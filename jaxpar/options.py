@@ -1,0 +1,61 @@
+"""How to plan: the user's choices, validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .baselines import STRATEGIES
+from .cost import OBJECTIVES
+from .search import SearchBudget
+
+SEARCHES = ("elimination", "kcut")  # joint elimination (OptCNN) / one DP per mesh axis (SoyBean)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerOptions:
+    """How to plan.
+
+    - ``strategy``: "auto" (the search), "hypar" (the search over HyPar's Type-I/II space), or a
+      fixed baseline "data", "model", "owt".
+    - ``objective``: "time" (OptCNN Eq. 1) or "comm" (SoyBean's bytes moved).
+    - ``search``: "elimination" (joint DP over all mesh axes, OptCNN Alg. 1) or "kcut"
+      (SoyBean's k-cut: one exact DP per mesh axis, slowest link first). The other search runs
+      too on the same tables, and `Plan.comparison()` shows both, unless ``compare_searches``
+      is False.
+    - ``batch_argnums``: the arguments whose leaves carry the batch on dim 0; None: every
+      argument but the first (the state), or the only argument.
+    - ``budget``: how hard the search may work (`SearchBudget`).
+    """
+
+    strategy: str = "auto"
+    objective: str = "time"
+    search: str = "elimination"
+    compare_searches: bool = True
+    batch_argnums: tuple[int, ...] | None = None
+    budget: SearchBudget = dataclasses.field(default_factory=SearchBudget)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r}; choose one of {STRATEGIES}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r}; choose one of {OBJECTIVES}")
+        if self.search not in SEARCHES:
+            raise ValueError(
+                f"search={self.search!r}; choose one of {SEARCHES} (joint elimination, or "
+                "SoyBean's k-cut: one cut per mesh axis, slowest interconnect first)"
+            )
+        if not isinstance(self.budget, SearchBudget):
+            raise TypeError(f"budget must be a SearchBudget, not {type(self.budget).__name__}")
+
+    def searches(self) -> tuple[str, ...]:
+        """The searches to run, k-cut first: its plan is one more start for block descent."""
+        names = [self.search]
+        if self.compare_searches:
+            names += [s for s in SEARCHES if s != self.search]
+        return tuple(sorted(names, key=lambda n: n != "kcut"))
+
+    def batch_args(self, num_args: int) -> tuple[int, ...]:
+        """`batch_argnums`, defaulted for a call with ``num_args`` arguments."""
+        if self.batch_argnums is not None:
+            return tuple(self.batch_argnums)
+        return tuple(range(1, num_args)) if num_args > 1 else (0,)

@@ -1,0 +1,269 @@
+"""Reports of a `Plan`: per-layer and per-phase rows, the text report, the comparison, JSON.
+
+Times are printed in ms, bytes in MB (10^6), per device per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+from .baselines import STRATEGIES
+from .configs import CONTRACTIONS, Config, split_axes
+from .cost import node_dtype
+from .graph import BACKWARD, FORWARD, UPDATE
+
+if TYPE_CHECKING:
+    from .result import Plan
+
+_ROW_TERMS = ("t_C", "t_C_ratio", "t_X", "t_S", "bytes")
+
+
+def layer_name(plan: Plan, node_index: int) -> str:
+    """A node's layer label, or its phase in parentheses when it has none."""
+    node = plan.ng.nodes[node_index]
+    phase = {UPDATE: "optimizer", BACKWARD: "backward", FORWARD: "forward"}.get(
+        node.phase, node.phase
+    )
+    return plan.labels[node_index] or f"({phase})"
+
+
+def layer_rows(plan: Plan) -> list[dict]:
+    """Per layer (program order): summed t_C / t_X / t_S / bytes, and the configuration and
+    layout of its representative node (its heaviest forward contraction)."""
+    rows: dict[str, dict] = {}
+    first: dict[str, int] = {}  # a layer sits where its first computation does
+    for node, r in zip(plan.ng.nodes, plan.evaluation.node_rows, strict=True):
+        key = layer_name(plan, node.index)
+        row = rows.setdefault(key, {"layer": key, "rep": None, **dict.fromkeys(_ROW_TERMS, 0.0)})
+        for k in _ROW_TERMS:
+            row[k] += getattr(r, k)
+        prim = plan.program.eqns[node.anchor].primitive if node.anchor >= 0 else ""
+        flops = sum(m.flops for m in node.members)
+        score = (prim in CONTRACTIONS, node.phase == FORWARD, flops)
+        if row["rep"] is None or score > row["score"]:
+            row["rep"], row["score"] = node.index, score
+        if node.anchor >= 0:
+            first[key] = min(first.get(key, node.anchor), node.anchor)
+    out = []
+    for row in sorted(rows.values(), key=lambda r: first.get(r["layer"], -1)):
+        node = plan.ng.nodes[row.pop("rep")]
+        row.pop("score")
+        row["config"] = paper_notation(plan, node.index, plan.config(node.index))
+        tensor = plan.program.eqns[node.anchor].outputs[0] if node.anchor >= 0 else node.invar
+        row["spec"] = str(plan.partition_spec(plan.tensor_specs[tensor]))
+        out.append(row)
+    return out
+
+
+def node_phase(plan: Plan, node_index: int) -> str:
+    """AccPar's phases: "forward", "backward" (error propagation), "gradient" (contractions
+    over the batch: weight gradients and their synchronization), "update" (optimizer)."""
+    node = plan.ng.nodes[node_index]
+    if node.phase == BACKWARD:
+        red = set(node.space.reduce_dims) & set(plan.batch[node_index])
+        return "gradient" if red else "backward"
+    return {FORWARD: "forward", UPDATE: "update"}.get(node.phase, "input")
+
+
+def phase_rows(plan: Plan) -> list[dict]:
+    """Per (layer, phase): t_C even and with ratios, t_X, t_S, and on heterogeneous meshes
+    each device group's busy time (even split) and its ratio share α of the layer's work."""
+    speeds = plan.speeds
+    rows: dict[tuple[str, str], dict] = {}
+    for node, r in zip(plan.ng.nodes, plan.evaluation.node_rows, strict=True):
+        layer, phase = layer_name(plan, node.index), node_phase(plan, node.index)
+        row = rows.setdefault(
+            (layer, phase),
+            {"layer": layer, "phase": phase, **dict.fromkeys(_ROW_TERMS[:4], 0.0), "groups": {},
+             "alpha": {}},
+        )  # fmt: skip
+        for k in _ROW_TERMS[:4]:
+            row[k] += getattr(r, k)
+        if speeds is None or not r.t_C:
+            continue
+        cfg = plan.config(node.index)
+        dtype = node_dtype(plan.ng, node)
+        for g, busy in speeds.slowdown(dtype).items():
+            row["groups"][g] = row["groups"].get(g, 0.0) + r.t_C * busy
+        shares = speeds.shares(dtype, split_axes(cfg))
+        if len(shares) > 1:  # only splits that cross groups have a ratio
+            for g, share in shares.items():  # α weighted by compute: a layer's shares sum to 1
+                row["alpha"][g] = row["alpha"].get(g, 0.0) + share * r.t_C
+    for row in rows.values():
+        total = sum(row["alpha"].values())
+        row["alpha"] = {g: a / total for g, a in row["alpha"].items()} if total else {}
+    return [r for r in rows.values() if r["t_C"] or r["t_X"] or r["t_S"]]
+
+
+def heterogeneity_report(plan: Plan) -> str:
+    """Per layer and phase: each device group's compute time under the even split, the ratio
+    split's time and shares (AccPar Eq. 10). Empty on homogeneous meshes."""
+    if plan.speeds is None:
+        return ""
+    rows = phase_rows(plan)
+    groups = list(plan.speeds.slowdown("float32"))
+    w = max([len(r["layer"]) for r in rows] + [5])
+    head = (
+        f"{'layer':<{w}}  {'phase':<8} "
+        + " ".join(f"{'t_C ' + g:>16}" for g in groups)
+        + f" {'t_C ratio':>10}  alpha ({', '.join(groups)})"
+    )
+    lines = [
+        "heterogeneous mesh: even split (what XLA runs) vs ratio split (uneven, AccPar Eq. 10);"
+        " times in ms",
+        head,
+        "-" * len(head),
+    ]
+    for r in rows:
+        busy = " ".join(f"{r['groups'].get(g, 0.0) * 1e3:16.4f}" for g in groups)
+        alpha = "/".join(f"{r['alpha'].get(g, 0.0):.2f}" for g in groups) if r["alpha"] else "-"
+        lines.append(
+            f"{r['layer']:<{w}}  {r['phase']:<8} {busy} {r['t_C_ratio'] * 1e3:10.4f}  {alpha}"
+        )
+    c = plan.cost
+    lines.append(
+        f"step: even split {c.step_s * 1e3:.4f} ms, ratio split {c.ratio_step_s * 1e3:.4f} ms "
+        f"(compute {c.compute_s * 1e3:.4f} -> {c.ratio_compute_s * 1e3:.4f} ms)"
+    )
+    return "\n".join(lines)
+
+
+def paper_notation(plan: Plan, node_index: int, cfg: Config) -> str:
+    """Degrees per iteration dim in OptCNN's notation, e.g. ``{n=4, c=2, k=1}``."""
+    node = plan.ng.nodes[node_index]
+    sizes = plan.mesh_axes.sizes
+    names = list(node.space.names)
+    out_map = node.space.out_maps[0] if node.space.out_maps else ()
+    if out_map and out_map[-1] is not None and names[out_map[-1]].startswith(("d", "m")):
+        names[out_map[-1]] = "c"
+    batch = sorted(plan.batch[node_index], key=lambda d: -node.space.sizes[d])
+    if batch:  # the largest batch dim is n (a weight gradient also contracts one)
+        names[batch[0]] = "n"
+    parts = []
+    for d, name in enumerate(names):
+        deg = math.prod(sizes[a] for a, x in enumerate(cfg) if x == d)
+        parts.append(f"{name}={deg}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def certificate_line(plan: Plan) -> str:
+    """What ``optimal`` means for this plan, in one line."""
+    if plan.optimal:
+        return "optimal: certified (reported cost = exact lower bound of every plan's cost)"
+    if plan.strategy not in ("auto", "hypar"):
+        return f"optimal: not claimed ({plan.strategy} is a fixed rule)"
+    if plan.lower_bound is None:
+        return "optimal: not certified (the step is too wide for exact elimination)"
+    gap = plan.evaluation.objective - plan.lower_bound
+    rel = gap / max(plan.evaluation.objective, 1e-30)
+    return f"optimal: not certified (within {rel:.2%} of the exact lower bound)"
+
+
+def plan_report(plan: Plan) -> str:
+    """A table: one row per layer, then totals and the comparison with the baselines."""
+    rows = layer_rows(plan)
+    w = max([len(r["layer"]) for r in rows] + [5])
+    cw = max([len(r["config"]) for r in rows] + [6])
+    sw = max([len(r["spec"]) for r in rows] + [4])
+    head = (
+        f"{'layer':<{w}}  {'config':<{cw}}  {'spec':<{sw}}  {'t_C ms':>9} {'t_X ms':>9} "
+        f"{'t_S ms':>9} {'MB':>9}"
+    )
+    mesh = dict(zip(plan.mesh_axes.names, plan.mesh_axes.sizes, strict=True))
+    lines = [
+        f"jaxpar plan: strategy={plan.strategy} objective={plan.objective} mesh={mesh} "
+        f"cluster={plan.cluster.name} optimal={plan.optimal}",
+        head,
+        "-" * len(head),
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['layer']:<{w}}  {r['config']:<{cw}}  {r['spec']:<{sw}}  "
+            f"{r['t_C'] * 1e3:9.4f} {r['t_X'] * 1e3:9.4f} {r['t_S'] * 1e3:9.4f} "
+            f"{r['bytes'] / 1e6:9.4f}"
+        )
+    c = plan.cost
+    n = len(plan.collectives)
+    lines += [
+        "-" * len(head),
+        f"{'total':<{w}}  {'':<{cw}}  {'':<{sw}}  {c.compute_s * 1e3:9.4f} "
+        f"{c.reshard_s * 1e3:9.4f} {c.sync_s * 1e3:9.4f} {c.comm_bytes / 1e6:9.4f}",
+        f"step {c.step_s * 1e3:.4f} ms = compute {c.compute_s * 1e3:.4f} + comm "
+        f"{c.comm_s * 1e3:.4f}; {c.comm_bytes / 1e6:.4f} MB sent per device; "
+        f"{n} collective{'s' if n != 1 else ''}",
+        certificate_line(plan),
+        comparison(plan),
+    ]
+    hetero = heterogeneity_report(plan)
+    if hetero:
+        lines.append(hetero)
+    return "\n".join(lines)
+
+
+def comparison(plan: Plan) -> str:
+    """Predicted step time and communication of this plan beside the baselines."""
+    lines = [f"{'strategy':<9} {'step ms':>10} {'comm MB':>10} {'vs data':>8}"]
+    entries = dict(plan.baselines)
+    entries[plan.strategy] = plan.cost
+    data = entries.get("data")
+    for name in STRATEGIES:
+        if name not in entries:
+            continue
+        c = entries[name]
+        speed = (data.step_s / c.step_s) if data and c.step_s > 0 else float("nan")
+        mark = "*" if name == plan.strategy else " "
+        lines.append(
+            f"{name + mark:<9} {c.step_s * 1e3:10.4f} {c.comm_bytes / 1e6:10.4f} {speed:7.2f}x"
+        )
+    if len(plan.choice.runs) > 1:
+        lines.append(search_line(plan))
+    return "\n".join(lines)
+
+
+def search_line(plan: Plan) -> str:
+    """Both searches' results on the same tables, and which one wins by how much."""
+    runs, comm = plan.choice.runs, plan.objective == "comm"
+    unit = (
+        (lambda c: f"{c.comm_bytes / 1e6:.4f} MB")
+        if comm
+        else (lambda c: f"{c.step_s * 1e3:.4f} ms")
+    )
+    chosen = plan.options.search
+    parts = [f"{n}{'*' if n == chosen else ''} {unit(r.evaluation.cost)}" for n, r in runs.items()]
+    elim, kc = runs["elimination"].evaluation.objective, runs["kcut"].evaluation.objective
+    if math.isclose(elim, kc, rel_tol=1e-9, abs_tol=1e-15):
+        verdict = "same cost"
+    elif elim < kc:
+        verdict = f"joint elimination wins by {(kc - elim) / kc:.1%}"
+    else:
+        verdict = f"k-cut wins by {(elim - kc) / elim:.1%}"
+    return f"search ({plan.strategy}): " + ", ".join(parts) + f"; {verdict}"
+
+
+def plan_dict(plan: Plan) -> dict[str, Any]:
+    """Everything a report needs, as plain JSON-able data."""
+    return {
+        "strategy": plan.strategy,
+        "objective": plan.objective,
+        "mesh": dict(zip(plan.mesh_axes.names, plan.mesh_axes.sizes, strict=True)),
+        "cluster": plan.cluster.name,
+        "optimal": plan.optimal,
+        "lower_bound": plan.lower_bound,
+        "cost": plan.cost.as_dict(),
+        "baselines": {k: v.as_dict() for k, v in plan.baselines.items()},
+        "search": {k: v for k, v in plan.stats.items() if isinstance(v, (int, float, str))},
+        "layers": layer_rows(plan),
+        "collectives": [dataclasses.asdict(c) for c in plan.collectives],
+        "in_specs": {
+            p: str(plan.partition_spec(s))
+            for p, s in zip(plan.program.invar_paths, plan.invar_specs, strict=True)
+        },
+    }
+
+
+def plan_json(plan: Plan) -> str:
+    """`plan_dict` as indented JSON."""
+    return json.dumps(plan_dict(plan), indent=1, default=str)

@@ -1,0 +1,286 @@
+"""Cost tables: the search problem built from the priced nodes and the reads between them.
+
+The reported cost (`evaluate`) produces each reshard step once per (tensor, before, after)
+however many readers share it. The tables price that exactly: a tensor read once gets a pairwise
+table (producer × reader configurations); a tensor read by several nodes gets one table over the
+producer and all its readers, the cost of the *union* of their reshard paths (`SharedReshards`).
+Then the search's objective is the reported cost, and an exact search certifies its plan.
+
+Where such a table would be too large (`FACTOR_BUDGET` entries), the tensor falls back to two
+pairwise approximations, so the planner holds two problems:
+
+- ``problem`` charges each such read its whole reshard: an *upper* bound of the reported cost;
+- ``bound`` charges it 1/k of its reshard (k = reads of the tensor): the union of the readers'
+  paths costs at least the dearest path, at least the mean, so a *lower* bound.
+
+With no fallback the two are the same problem (``exact``). An exact minimum of ``bound`` certifies
+any plan whose reported cost reaches it (docs/design.md, "The optimality certificate").
+Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .collectives import ring_steps
+from .configs import Config, Spec, node_configs, spec_of
+from .cost import CostParams, compute_times, unary_costs
+from .graph import BACKWARD, FORWARD, UPDATE
+from .nodes import NodeGraph
+from .reshard import SLICE, reshard_linear, reshard_path
+from .rules import DimMap
+from .search import Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class EdgeUse:
+    """One read of a tensor (inside its producer's node too: `Problem.add_edge` folds those into
+    the node's own table), or a state output's feedback into the next step's argument."""
+
+    src: int  # producing node
+    dst: int  # reading node
+    tensor: int  # tensor id
+    src_map: DimMap  # the tensor's dims -> src node iteration dims
+    dst_map: DimMap  # the layout the reader needs, in dst node iteration dims
+
+
+def edge_uses(ng: NodeGraph, feedback: Sequence[tuple[int, int]]) -> list[EdgeUse]:
+    """Every cross-node read, plus state feedback edges (new state -> next step's input)."""
+    uses = []
+    for node in ng.nodes:
+        for m in node.members:
+            if m.eqn < 0:
+                continue
+            eqn = ng.program.eqns[m.eqn]
+            for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
+                if t is None or mp is None or t not in ng.node_of_tensor:
+                    continue
+                src = ng.node_of_tensor[t]
+                uses.append(EdgeUse(src, node.index, t, ng.nodes[src].tensor_maps[t], mp))
+    for out_t, in_t in feedback:
+        src, dst = ng.node_of_tensor[out_t], ng.node_of_tensor[in_t]
+        src_map, dst_map = ng.nodes[src].tensor_maps[out_t], ng.nodes[dst].tensor_maps[in_t]
+        uses.append(EdgeUse(src, dst, out_t, src_map, dst_map))
+    return uses
+
+
+class ReshardTables:
+    """t_X tables of reads, cached per (producer layouts, reader layouts) pattern.
+
+    Layers repeat, and so do their tables; a reshard's cost is linear in the tensor's bytes
+    (`reshard.reshard_linear`), so one pattern serves every tensor size.
+    """
+
+    def __init__(self, ng: NodeGraph, configs: Sequence[list[Config]], params: CostParams):
+        self.ng, self.configs, self.params = ng, configs, params
+        self.tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self.specs: dict[tuple[int, DimMap], tuple[list[Spec], np.ndarray]] = {}
+
+    def layouts(self, node: int, dim_map: DimMap) -> tuple[list[Spec], np.ndarray]:
+        """Distinct layouts of a tensor over a node's configs, and each config's layout index."""
+        key = (node, dim_map)
+        if key not in self.specs:
+            index: dict[Spec, int] = {}
+            inverse = [
+                index.setdefault(spec_of(dim_map, c), len(index)) for c in self.configs[node]
+            ]
+            self.specs[key] = (list(index), np.array(inverse, dtype=np.int64))
+        return self.specs[key]
+
+    def table(self, use: EdgeUse) -> np.ndarray:
+        """t_X of one read for every (producer config, reader config) pair."""
+        tensor = self.ng.program.tensors[use.tensor]
+        n_src, n_dst = len(self.configs[use.src]), len(self.configs[use.dst])
+        if tensor.opaque or not tensor.shape or not tensor.nbytes:
+            return np.zeros((n_src, n_dst))
+        src_specs, si = self.layouts(use.src, use.src_map)
+        dst_specs, di = self.layouts(use.dst, use.dst_map)
+        key = (tuple(src_specs), tuple(dst_specs))
+        pair = self.tables.get(key)
+        if pair is None:
+            mesh, objective = self.params.mesh, self.params.objective
+            lin = [[reshard_linear(a, b, mesh, objective) for b in dst_specs] for a in src_specs]
+            pair = self.tables[key] = (
+                np.array([[x[0] for x in row] for row in lin]),
+                np.array([[x[1] for x in row] for row in lin]),
+            )
+        small = pair[0] + float(tensor.nbytes) * pair[1]
+        return small[np.ix_(si, di)]
+
+
+FACTOR_BUDGET = 6e5  # largest shared-reshard table (entries) priced exactly
+PATTERN_BUDGET = 2e4  # largest number of layout combinations priced per pattern
+
+
+class SharedReshards:
+    """Tables over a producer and all readers of one tensor: the cost of the union of the
+    readers' reshard steps, each (before, after) step once, as `apply` emits them.
+
+    Computed per layout combination (source layout, each reader's layout) and cached per
+    pattern, linear in the tensor's bytes like `reshard.reshard_linear`, then gathered onto the
+    nodes' configurations.
+    """
+
+    def __init__(self, reshards: ReshardTables):
+        self.reshards = reshards
+        self.patterns: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 - one cache per planning run
+    def _step_parts(self, src: Spec, dst: Spec) -> dict[tuple[Spec, Spec], tuple[float, float]]:
+        """(before, after) -> (fixed, per-byte) cost of each step of the path src -> dst, the
+        α and β terms of `reshard.step_time` (bytes only under "comm")."""
+        mesh, comm = self.reshards.params.mesh, self.reshards.params.objective == "comm"
+        out = {}
+        for step in reshard_path(1, src, dst, mesh.sizes):
+            if step.kind == SLICE:
+                continue
+            a = step.axis
+            if comm:
+                out[(step.before, step.after)] = (0.0, step.nbytes)
+            else:
+                fixed = mesh.latency[a] * ring_steps(step.kind, mesh.sizes[a])
+                out[(step.before, step.after)] = (fixed, step.nbytes / mesh.bandwidth[a])
+        return out
+
+    def _pattern(self, src_specs: list[Spec], dst_specs: list[list[Spec]]):
+        """(fixed, per_byte) arrays over (source layout, reader 1 layout, ...).
+
+        Per source layout, each reader's path is a boolean mask over the distinct steps; the
+        union over readers is the OR of the masks, broadcast over every layout combination.
+        """
+        key = (tuple(src_specs), tuple(tuple(d) for d in dst_specs))
+        if key in self.patterns:
+            return self.patterns[key]
+        m = len(dst_specs)
+        shape = (len(src_specs), *(len(d) for d in dst_specs))
+        fixed, per_byte = np.zeros(shape), np.zeros(shape)
+        for s, src in enumerate(src_specs):
+            paths = [[self._step_parts(src, dst) for dst in specs] for specs in dst_specs]
+            steps = {k: v for reader in paths for path in reader for k, v in path.items()}
+            if not steps:
+                continue
+            index = {k: i for i, k in enumerate(steps)}
+            union = np.zeros((*shape[1:], len(steps)), dtype=bool)
+            for r, reader in enumerate(paths):
+                mask = np.zeros((len(reader), len(steps)), dtype=bool)
+                for d, path in enumerate(reader):
+                    mask[d, [index[k] for k in path]] = True
+                union |= mask.reshape([-1 if q == r else 1 for q in range(m)] + [len(steps)])
+            parts = np.array(list(steps.values()))
+            fixed[s], per_byte[s] = union @ parts[:, 0], union @ parts[:, 1]
+        self.patterns[key] = (fixed, per_byte)
+        return fixed, per_byte
+
+    def table(self, reads: Sequence[EdgeUse]) -> tuple[tuple[int, ...], np.ndarray] | None:
+        """(nodes, table over their configurations), or None when it would exceed the budgets.
+
+        ``reads``: the distinct reads of one tensor (same producer; readers may share a node).
+        """
+        configs = self.reshards.configs
+        nodes = tuple(sorted({reads[0].src, *(r.dst for r in reads)}))
+        if math.prod(len(configs[v]) for v in nodes) > FACTOR_BUDGET:
+            return None
+        src_specs, si = self.reshards.layouts(reads[0].src, reads[0].src_map)
+        dsts = [self.reshards.layouts(r.dst, r.dst_map) for r in reads]
+        if len(src_specs) * math.prod(len(d[0]) for d in dsts) > PATTERN_BUDGET:
+            return None
+        fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts])
+        tensor = self.reshards.ng.program.tensors[reads[0].tensor]
+        small = fixed + float(tensor.nbytes) * per_byte
+        # index grids over the nodes' configurations, one axis per node
+        axes = [[-1 if k == i else 1 for k in range(len(nodes))] for i in range(len(nodes))]
+        grid = {v: np.arange(len(configs[v])).reshape(axes[i]) for i, v in enumerate(nodes)}
+        index = (
+            si[grid[reads[0].src]],
+            *(d[1][grid[r.dst]] for d, r in zip(dsts, reads, strict=True)),
+        )
+        full = np.broadcast_to(small[index], tuple(len(configs[v]) for v in nodes))
+        return nodes, np.array(full)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTables:
+    """Stage result: every node's configurations and prices, and the two search problems."""
+
+    configs: tuple[list[Config], ...]  # per node
+    compute: tuple[np.ndarray, ...]  # per node, t_C of each configuration
+    uses: tuple[EdgeUse, ...]
+    problem: Problem  # the reported cost, or an upper bound of it where tables fell back
+    bound: Problem  # the reported cost, or a lower bound of it where tables fell back
+    pairwise_bound: Problem  # every shared tensor at 1/k per read: a lower bound, no factors
+    fallback_tensors: int  # shared tensors priced by the upper/lower pair (0: ``exact``)
+
+    @property
+    def exact(self) -> bool:
+        """Whether ``problem``'s objective is the reported cost of every assignment."""
+        return self.fallback_tensors == 0
+
+
+Tick = Callable[[str], None]  # progress inside long loops
+
+
+def build_tables(
+    ng: NodeGraph,
+    params: CostParams,
+    feedback: Sequence[tuple[int, int]],
+    pinned: dict[int, Config],
+    tick: Tick | None = None,
+) -> CostTables:
+    """Configurations (``pinned`` nodes forced), compute and unary tables, and the reshard
+    tables of every read, summed into both problems."""
+    tick = tick or (lambda _detail: None)
+    sizes, comm = params.mesh.sizes, params.objective == "comm"
+    configs, compute, unary = [], [], []
+    for node in ng.nodes:
+        cfgs = [pinned[node.index]] if node.index in pinned else node_configs(ng, node, sizes, comm)
+        configs.append(cfgs)
+        compute.append(compute_times(ng, node, cfgs, params))
+        unary.append(unary_costs(ng, node, cfgs, params, compute[-1]))
+        tick(f"compute/sync tables of {len(unary)}/{len(ng.nodes)} nodes")
+    uses = edge_uses(ng, feedback)
+    blocks = phase_blocks(ng)
+    problem, bound, pairwise = (Problem(list(unary), {}, blocks) for _ in range(3))
+    reshards = ReshardTables(ng, configs, params)
+    shared = SharedReshards(reshards)
+    fallback = 0
+    groups = _reads_by_tensor(ng, uses)
+    for i, reads in enumerate(groups):
+        exact = shared.table(reads) if len(reads) > 1 else None
+        fallback += len(reads) > 1 and exact is None
+        for use in reads:
+            table = reshards.table(use)
+            pairwise.add_edge(use.src, use.dst, table / len(reads))
+            if exact is None:
+                problem.add_edge(use.src, use.dst, table)
+                bound.add_edge(use.src, use.dst, table / len(reads))
+        if exact is not None:
+            problem.add_factor(*exact)
+            bound.add_factor(*exact)
+        tick(f"reshard tables of {i + 1}/{len(groups)} tensors")
+    return CostTables(
+        tuple(configs), tuple(compute), tuple(uses), problem, bound, pairwise, fallback
+    )
+
+
+def phase_blocks(ng: NodeGraph) -> list[list[int]]:
+    """Blocks for coordinate descent: forward (+ inputs), backward + update, inputs + update."""
+    fwd = [n.index for n in ng.nodes if n.phase in (FORWARD, "input")]
+    bwd = [n.index for n in ng.nodes if n.phase in (BACKWARD, UPDATE)]
+    upd = [n.index for n in ng.nodes if n.phase in (UPDATE, "input")]
+    return [fwd, bwd, upd]
+
+
+def _reads_by_tensor(ng: NodeGraph, uses: Sequence[EdgeUse]) -> list[list[EdgeUse]]:
+    """The distinct reads of each priced tensor (identical reads share every reshard step)."""
+    groups: dict[int, dict[tuple, EdgeUse]] = {}
+    for use in uses:
+        tensor = ng.program.tensors[use.tensor]
+        if tensor.opaque or not tensor.shape or not tensor.nbytes:
+            continue
+        groups.setdefault(use.tensor, {}).setdefault((use.dst, use.dst_map), use)
+    return [list(g.values()) for g in groups.values()]
