@@ -74,7 +74,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
         lb = r["lower_bound_s"]
-        gap = f"{(r['step_s'] - lb) / r['step_s']:.1%}" if lb else "-"
+        gap = f"{max(0.0, (r['step_s'] - lb) / r['step_s']):.1%}" if lb else "-"
         lbt = f"{lb * 1e3:.4f}" if lb else "-"
         kcut = r["searches_s"].get("kcut", math.nan) * 1e3
         base = min(r["baselines_s"].values()) * 1e3

@@ -1,7 +1,7 @@
 """Planning time of a ~2,400-equation transformer train step (issue 2's target: seconds).
 
-A 4-layer, d=256 GPT-style decoder + AdamW step (the size DESIGN.md measured at 2,374
-equations), planned on 8 simulated CPU devices for several meshes; the time is split into
+A 4-layer, d=256 GPT-style decoder + AdamW step (2,374 equations when this benchmark was
+written), planned on 8 simulated CPU devices for several meshes; the time is split into
 trace / graph / costs / search, and set beside XLA's compile time of the same sharded step.
 
     python bench/plan_time_transformer.py --json bench/results/plan_time_transformer.json

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 import jaxpar
-from models.transformer import _gpt2, gpt_example
+from models.transformer import gpt2_config, gpt_example
 
 DEPTHS = [12, 24, 48, 96]
 MESHES = {
@@ -45,7 +45,7 @@ MESHES = {
 
 
 def gpt(layers: int, batch: int):
-    cfg = _gpt2(layers, 768, 12, 6e-4)
+    cfg = gpt2_config(layers, 768, 12, 6e-4)
     cfg["batch"] = batch
     return gpt_example(f"gpt2_wide_{layers}l", cfg)
 

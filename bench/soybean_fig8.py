@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 import jaxpar
-from models.mlp import _mlp_example
+from models.mlp import mlp_example
 
 MESHES = {2: {"x": 2}, 4: {"x": 2, "y": 2}, 8: {"x": 2, "y": 4}}
 BATCHES = (512, 2048)
@@ -32,7 +32,7 @@ BATCHES = (512, 2048)
 
 def example(batch: int):
     cfg = {"batch": batch, "in_features": 8192, "features": (8192,) * 4, "lr": 0.1}
-    return _mlp_example(f"mlp4x8192_b{batch}", cfg, jnp.float32, optax.sgd(cfg["lr"]))
+    return mlp_example(f"mlp4x8192_b{batch}", cfg, jnp.float32, optax.sgd(cfg["lr"]))
 
 
 def main() -> None:

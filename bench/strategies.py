@@ -42,6 +42,7 @@ import os
 import re
 import sys
 import time
+import types
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -380,16 +381,7 @@ def run(args) -> dict:
                 mres["contractions_16"] = {s: contraction_rows(p) for s, p in plans.items()}
                 mres["layer_table_16"] = layer_table({s: plans[s] for s in STRATS[::-1]})
                 if args.plots:
-                    path = os.path.join(args.plots, f"strategies_{name}_16.png")
-                    os.makedirs(args.plots, exist_ok=True)
-                    from jaxpar.figures import plot_strategies
-
-                    plot_strategies(
-                        {s: plans[s] for s in ("auto", "owt", "data")},
-                        path,
-                        title=f"{TITLES[name]}, 16 P100 (4 nodes), batch {batch}, p100 cluster",
-                    )
-                    log(f"  wrote {path}")
+                    log(f"  wrote {plot_model(name, plans, batch, args.plots)}")
         derive(mres)
     results["wall_s"] = time.perf_counter() - t_all
     return results
@@ -985,9 +977,8 @@ def explanations(res: dict) -> list[str]:
         "forward node, a `broadcast_in_dim`, not of the pool; `paper_notation` prints "
         "weight-gradient convolutions with two `n` entries (`{n=1, h=1, w=1, c=1, n=16}`: the "
         "conv template's lhs-batch name, which holds the input channels in this convolution, "
-        "and the real batch dim); `plot_strategies` uses "
-        "one y-scale for all panels, so model parallelism flattens the others (the per-layer "
-        "figures here therefore omit it).",
+        "and the real batch dim). The per-layer figures show auto, OWT and data (each panel "
+        "has its own scale since issue 11; model parallelism is in the comparison bars).",
     ]
 
 
@@ -1000,6 +991,43 @@ LABELS = {"data": "data", "model": "model", "owt": "OWT", "auto": "layer-wise (a
 def gpu_label(n: int) -> str:
     nodes = math.prod(MESHES[n].values()) // MESHES[n]["gpu"]
     return f"{n} ({nodes})"
+
+
+def plot_model(name: str, plans: dict, batch: int, folder: str) -> str:
+    """strategies_<model>_16.png: `jaxpar.figures.plot_strategies` of the 16-GPU plans."""
+    from jaxpar.figures import plot_strategies
+
+    path = os.path.join(folder, f"strategies_{name}_16.png")
+    os.makedirs(folder, exist_ok=True)
+    return plot_strategies(
+        {s: plans[s] for s in ("auto", "owt", "data")},
+        path,
+        title=f"{TITLES[name]}, 16 P100 (4 nodes), batch {batch}, p100 cluster",
+    )
+
+
+class StoredPlan:
+    """A plan as the --json results store it (cost entry, `layer_rows`): what
+    `plot_strategies` reads, so --from-json can redraw the per-model figures."""
+
+    def __init__(self, cost: dict, layers: list[dict]):
+        self.cost = types.SimpleNamespace(**cost)
+        self.layers = layers
+
+    def layer_rows(self) -> list[dict]:
+        return self.layers
+
+
+def plot_stored(results: dict, folder: str) -> list[str]:
+    """strategies_<model>_16.png of every model with 16-GPU results in --json's output."""
+    paths = []
+    for name, m in results["models"].items():
+        case = m["cases"].get("16")
+        if case is None or not m.get("layers_16"):
+            continue
+        plans = {s: StoredPlan(case["strategies"][s], m["layers_16"][s]) for s in STRATS}
+        paths.append(plot_model(name, plans, case["batch"], folder))
+    return paths
 
 
 def draw(results: dict, path: str) -> None:
@@ -1068,7 +1096,9 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", type=int, default=list(GPUS))
     parser.add_argument("--no-sensitivity", action="store_true")
     parser.add_argument(
-        "--from-json", default=None, help="redraw the figure and .md from an earlier --json"
+        "--from-json",
+        default=None,
+        help="redraw the figures (--png, --plots) and .md from an earlier --json",
     )
     args = parser.parse_args()
     if args.from_json:
@@ -1083,6 +1113,9 @@ def main() -> None:
     if args.png:
         draw(results, args.png)
         log(f"wrote {args.png}")
+    if args.plots and args.from_json:
+        for path in plot_stored(results, args.plots):
+            log(f"wrote {path}")
     if args.md:
         with open(args.md, "w") as f:
             f.write(markdown(results))

@@ -3,8 +3,8 @@
 The interpreter walks the flat program. Before an equation it reshards each operand to the layout
 the plan's configuration reads, one `with_sharding_constraint` per step of the modeled reshard
 path (so XLA runs the collectives the cost model priced, and nothing cleverer or worse); after it,
-each result is constrained to the planned layout. Reshard steps are cached per (tensor, step): a
-step is emitted once however many equations need it, as `evaluate` counts it.
+each result is constrained to the planned layout. Reshard steps are cached per (tensor, before,
+after): a step is emitted once however many equations need it, as `evaluate` prices it.
 Parameters and optimizer state are pinned by in/out shardings, so gradients really are reduced.
 """
 
@@ -32,7 +32,7 @@ def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
     program = plan.program
     mesh_sizes = plan.mesh_axes.sizes
     env: dict[int, Any] = {}
-    steps_done: dict[tuple[int, Spec, Spec], Any] = {}  # (tensor, before, after) -> value
+    produced: dict[tuple[int, Spec, Spec], Any] = {}  # (tensor, before, after) -> value
 
     def constrain(value: Any, spec: Spec) -> Any:
         return jax.lax.with_sharding_constraint(value, plan.named(spec))
@@ -50,9 +50,9 @@ def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
             return value
         for step in reshard_path(program.tensors[tid].nbytes, have, spec, mesh_sizes):
             key = (tid, step.before, step.after)
-            if key not in steps_done:
-                steps_done[key] = constrain(value, step.after)
-            value = steps_done[key]
+            if key not in produced:
+                produced[key] = constrain(value, step.after)
+            value = produced[key]
         return value
 
     for tid, value in program.consts.items():
@@ -218,9 +218,22 @@ def auto_shard(
     """
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
+    if not isinstance(donate_argnums, (tuple, list)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in donate_argnums
+    ):
+        raise TypeError(f"donate_argnums must be an int or a tuple of ints, not {donate_argnums!r}")
+    if isinstance(mesh, dict):
+        raise TypeError(
+            f"auto_shard runs on devices: pass mesh=jaxpar.make_mesh({mesh!r}) (a dict mesh is "
+            f"abstract; jaxpar.plan takes one)"
+        )
     opts = merge_options(options, strategy, objective, search)
 
     def wrap(f: Any) -> AutoSharded:
+        if not callable(f):
+            raise TypeError(
+                f"auto_shard decorates a callable (the train step), got {type(f).__name__} {f!r}"
+            )
         return AutoSharded(f, mesh, cluster, opts, donate_argnums, in_specs)
 
     return wrap(fn) if fn is not None else wrap

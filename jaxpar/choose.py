@@ -26,7 +26,7 @@ from .evaluate import EvalContext, Evaluation, evaluate
 from .kcut import cut_order, kcut, project, restrict
 from .options import PlannerOptions
 from .search import Problem, eliminates, solve, solve_exact
-from .tables import CostTables, ReshardTables
+from .tables import ReshardTables, pairwise_bound, pairwise_skeleton
 
 Tick = Callable[[str], None]
 
@@ -104,7 +104,7 @@ def choose(
         else:
             extra = [runs["kcut"].assignment] if "kcut" in runs else []
             candidates, exact, lower, stats = _run_elimination(
-                tables, options, space, [*base.values(), *extra], tick
+                ctx, options, space, [*base.values(), *extra], tick
             )
             candidates += extra  # k-cut's plan: elimination reports nothing worse
         evals = [(tuple(a), priced(a)) for a in candidates]
@@ -129,7 +129,7 @@ def choose(
 
 
 def _run_elimination(
-    tables: CostTables,
+    ctx: EvalContext,
     options: PlannerOptions,
     space: list[list[int]] | None,
     starts: list[Sequence[int]],
@@ -140,27 +140,35 @@ def _run_elimination(
     Returns the candidate assignments, whether the search was exact, an exact lower bound of
     every plan's reported cost (None when none could be solved exactly), and stats. The bound:
     the problem's own minimum when its tables are exact; else the minimum of ``bound`` (exact
-    factors, lower pairs where they fell back); when the problem is too wide to eliminate, the
-    all-pairwise bound, which has no factors widening the graph.
+    tables, 1/k of each read's path where they fell back); when the problem is too wide to
+    eliminate, the pairwise bound (`tables.pairwise_bound`): no tables over several nodes.
+    A bound is only ever solved by exact elimination: one that descent approaches certifies
+    nothing.
     """
-    problems = [tables.problem, tables.bound, tables.pairwise_bound]
+    tables, budget = ctx.tables, options.budget
+    narrow = lambda p: restrict(p, space) if space is not None else p
     if space is not None:
-        problems = [restrict(p, space) for p in problems]
         starts = [p for p in (project(s, space) for s in starts) if p is not None]
-    problem, bound, pairwise = problems
-    on_round = lambda detail: tick(f"round {detail}")
-    sol = solve(problem, starts=starts, budget=options.budget, on_round=on_round)
+
+    def on_round(start: int, starts: int, rounds: int, value: float) -> None:
+        unit = f"{value / 1e6:.3f} MB" if options.objective == "comm" else f"{value * 1e3:.4f} ms"
+        tick(f"descent from start {start}/{starts}, round {rounds}: {unit}")
+
+    sol = solve(narrow(tables.problem), starts=starts, budget=budget, on_round=on_round)
     found, lower, stats = [sol.assignment], None, dict(sol.stats)
     stats["objective"] = sol.objective
+    t0 = time.perf_counter()
     if sol.optimal and tables.exact:
         lower = sol.objective
-    else:  # exact elimination only: a bound that descent merely approaches certifies nothing
-        t0 = time.perf_counter()
-        low_problem, budget = (bound if sol.optimal else pairwise), options.budget
-        if eliminates(low_problem, budget.table, budget.enum)[0]:
-            low, lower, _ = solve_exact(low_problem, None, budget.table, budget.enum)
+    elif sol.optimal:
+        if eliminates(narrow(tables.bound), budget.table, budget.enum)[0]:
+            low, lower, _ = solve_exact(narrow(tables.bound), None, budget.table, budget.enum)
             found.append(low)
-        stats["bound_time_s"] = time.perf_counter() - t0
+    elif eliminates(narrow(pairwise_skeleton(ctx.ng, tables)), budget.table, budget.enum)[0]:
+        bound = narrow(pairwise_bound(ctx.ng, tables, ctx.params))
+        low, lower, _ = solve_exact(bound, None, budget.table, budget.enum)
+        found.append(low)
+    stats["bound_time_s"] = time.perf_counter() - t0
     if space is not None:
         found = [[space[v][i] for v, i in enumerate(a)] for a in found]
     return found, sol.optimal, lower, stats

@@ -3,94 +3,254 @@
 ``jaxpar demo``      train small models auto-sharded on 8 simulated devices
 ``jaxpar plan M``    plan a zoo model on any (abstract) mesh and cluster; report, JSON, figure
 ``jaxpar clusters``  the cluster presets with their numbers and sources
+
+Bad input is one line on stderr, ``jaxpar <command>: error: ...``, and exit status 2: usage
+errors (`_Parser`), the checks of `plan_command` (run before anything slow: output paths,
+matplotlib for ``--plot``, model, cluster, batch), and the ValueErrors of the library.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import json
 import math
+import os
 import sys
+import textwrap
 import time
+import unicodedata
+from collections.abc import Callable, Sequence
 from typing import Any
 
+# What `jaxpar --help` prints above the commands (plain text: argparse shows it as written).
+DESCRIPTION = """\
+jaxpar plans how a JAX train step is sharded over a device mesh: for every operation, which
+mesh axis splits which dimension (data, model, contraction or hybrid splits), chosen by a
+search over a cost model of compute and communication.
 
-def _setup_devices(n: int) -> None:
-    """Simulate ``n`` CPU devices; must run before any JAX backend initializes."""
-    import jax
+commands:
+  jaxpar demo             train small models auto-sharded on 8 simulated CPU devices
+  jaxpar plan MODEL ...   plan a zoo model on any mesh and cluster (no accelerator needed)
+  jaxpar clusters         the cluster presets, every number with its source
 
-    jax.config.update("jax_num_cpu_devices", n)
+examples:
+  jaxpar plan vgg16 --mesh node=4,gpu=4 --cluster p100 --strategy all
+  jaxpar plan gpt2_124m --mesh data=4,model=4 --cluster dgx-h100 --dtype bfloat16
+  jaxpar plan --help      the models, the cluster presets and every option
+
+'python -m jaxpar' is the same program; 'jaxpar COMMAND --help' describes a command.
+"""
+
+PLAN_DESCRIPTION = """\
+Plan a model of the zoo on an abstract mesh for a cluster preset and print the predicted cost:
+per layer the configuration chosen (OptCNN's notation: the degree of parallelism of each
+dimension) and its compute / transfer / gradient-sync times. Nothing is allocated and no
+accelerator is needed: a mesh of 4,096 devices plans on a laptop.
+"""
+
+CLUSTERS_DESCRIPTION = """\
+Print every cluster preset with its numbers (peak FLOP/s per dtype, memory, and per link level
+bandwidth, latency and port sharing) and where each number comes from. Multi-node presets are
+shown with 2 nodes, so that the link between nodes is listed too.
+"""
+
+
+class UsageError(Exception):
+    """Bad command-line input, reported by `main` as one ``PROG: error: ...`` line."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block) and an epilog built only for --help.
+
+    ``epilog_fn``: called the first time the help is formatted (the plan epilog imports the
+    model zoo, which `jaxpar clusters` should not pay for).
+    """
+
+    def __init__(self, *args: Any, epilog_fn: Callable[[], str] | None = None, **kw: Any):
+        super().__init__(*args, **kw)
+        self.epilog_fn = epilog_fn
+        self.commands: dict[str, argparse.ArgumentParser] = {}  # set by build_parser
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None and self.epilog is None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+    def error(self, message: str) -> Any:  # argparse's hook: must not return
+        raise UsageError(self.prog, f"{message} (see '{self.prog} --help')")
+
+
+def _arg_type(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """An argparse ``type=`` that keeps `parse`'s ValueError message (argparse would replace
+    it with "invalid <function> value")."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from err
+
+    convert.__name__ = name
+    return convert
+
+
+def _did_you_mean(word: str, options: Sequence[str]) -> str:
+    """`` (did you mean 'vgg16'?)`` for a near miss (case and spelling), else ``""``."""
+    folded = {o.lower(): o for o in options}
+    key = unicodedata.normalize("NFKC", word).strip().lower()  # full-width letters too
+    match = folded.get(key)
+    if match is None:
+        close = difflib.get_close_matches(key, list(folded), n=1, cutoff=0.6)
+        match = folded[close[0]] if close else None
+    return f" (did you mean {match!r}?)" if match is not None and match != word else ""
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _positive_steps(text: str) -> int:
+    """``--steps``: a whole number from 1 to 1000."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"--steps {text!r}: give a whole number from 1 to 1000")
+    return int(text)
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Train a small CNN and a small transformer with auto_shard on a 2x4 mesh."""
-    _setup_devices(8)
-    import jax
-    import numpy as np
+    """The demo (`jaxpar.demo`): what a planner decides and why, on simulated devices."""
+    from jaxpar.demo import run_demo
 
-    import jaxpar
-    import models
-    from jaxpar.verify import fidelity
-
-    devices = jax.devices()
-    if len(devices) < 8:
-        devices = jax.devices("cpu")
-    print(f"jaxpar demo: {len(devices)} {devices[0].platform} devices; mesh data=2 x model=4\n")
-    mesh = jaxpar.make_mesh({"data": 2, "model": 4}, devices=devices[:8])
-    for name in args.models:
-        ex = models.get(name, small=True)
-        state, batch = ex.make_args(0)
-        ref_state = state
-        step = jaxpar.auto_shard(ex.step, mesh=mesh, cluster=args.cluster)
-        reference = jax.jit(ex.step)
-        t0 = time.perf_counter()
-        print(f"== {name}: {args.steps} training steps, auto-sharded vs unsharded")
-        for i in range(args.steps):
-            state, metrics = step(state, batch)
-            ref_state, ref_metrics = reference(ref_state, batch)
-            a, b = float(metrics["loss"]), float(ref_metrics["loss"])
-            print(f"   step {i}: loss {a:.6f}  unsharded {b:.6f}  |diff| {abs(a - b):.1e}")
-        worst = max(
-            float(np.linalg.norm(np.asarray(x, np.float64) - np.asarray(y, np.float64)))
-            / max(float(np.linalg.norm(np.asarray(y, np.float64))), 1e-30)
-            for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(ref_state), strict=True)
-        )
-        print(f"   final state: max per-leaf relative difference {worst:.1e}")
-        plan = step.plan
-        fid = fidelity(plan.collectives, step.lower(state, batch).compile())
-        planning = sum(plan.stats[k] for k in ("trace_s", "graph_s", "cost_s", "search_s"))
-        print(
-            f"   plan: {plan.stats['equations']} equations -> {plan.stats['nodes']} nodes, "
-            f"planned in {planning:.2f} s; certified optimal: {plan.optimal}"
-        )
-        print(
-            f"   compiled HLO moves {fid.hlo_bytes / 1e3:.1f} KB/device; predicted "
-            f"{fid.predicted_bytes / 1e3:.1f} KB ({fid.relative_error:.1%} off); kinds "
-            f"{sorted(fid.hlo_kinds)}; {time.perf_counter() - t0:.1f} s\n"
-        )
-        print(plan.report())
-        print()
-    return 0
+    return run_demo(args)
 
 
 STRATEGY_CHOICES = ("auto", "data", "model", "owt", "hypar", "all")
+OBJECTIVE_CHOICES = ("time", "comm")
+SEARCH_CHOICES = ("elimination", "kcut")
+# --strategy all: the search and the three baselines, side by side
+ALL_STRATEGIES = ("auto", "data", "model", "owt")
+
+# The dtypes the zoo models train in (parameters and activations), and common spellings.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+DTYPE_ALIASES = {
+    "fp32": "float32",
+    "f32": "float32",
+    "single": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+    "fp64": "float64",
+    "f64": "float64",
+    "double": "float64",
+}
+
+# A mesh axis multiplies every operation's configurations ((dims + 1)^axes): with 5 axes the
+# cost tables of even LeNet-5 take minutes to price, so the command line stops at 4.
+MAX_MESH_AXES = 4
+# Abstract meshes cost O(devices) to describe; 2^20 devices plan in seconds, 10^9 exhaust memory.
+MAX_DEVICES = 1 << 20
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """``"node=4,gpu=4"`` -> ``{"node": 4, "gpu": 4}``, with errors that show the expected form."""
+    """``"node=4,gpu=4"`` -> ``{"node": 4, "gpu": 4}``, with errors that show the expected form.
+
+    Axis names are identifiers, sizes ASCII digits >= 1; at most `MAX_MESH_AXES` axes and
+    `MAX_DEVICES` devices.
+    """
     mesh: dict[str, int] = {}
+    example = "e.g. --mesh node=4,gpu=4"
     for part in text.split(","):
-        name, sep, size = part.partition("=")
-        name = name.strip()
-        if not sep or not name or not size.strip().isdigit() or int(size) < 1:
+        name, sep, size = (s.strip() for s in part.partition("="))
+        if not sep or not name or not size:
             raise ValueError(
                 f"bad mesh axis {part!r} in --mesh {text!r}: expected NAME=SIZE pairs separated "
-                f"by commas, e.g. --mesh node=4,gpu=4"
+                f"by commas, {example}"
+            )
+        if not name.isidentifier():
+            raise ValueError(
+                f"mesh axis name {name!r} in --mesh {text!r} is not a name: use letters, digits "
+                f"and '_', not starting with a digit, {example}"
+            )
+        if not (size.isascii() and size.isdigit()):
+            raise ValueError(
+                f"mesh axis {name!r} has size {size!r} in --mesh {text!r}: sizes are whole "
+                f"numbers in digits 0-9, {example}"
+            )
+        if int(size) < 1:
+            raise ValueError(
+                f"mesh axis {name!r} has size {int(size)} in --mesh {text!r}: every axis needs "
+                f"at least 1 device"
             )
         if name in mesh:
             raise ValueError(f"mesh axis {name!r} appears twice in --mesh {text!r}")
         mesh[name] = int(size)
+    if len(mesh) > MAX_MESH_AXES:
+        raise ValueError(
+            f"mesh {text!r} has {len(mesh)} axes; jaxpar plan takes at most {MAX_MESH_AXES}: "
+            f"every axis multiplies each operation's configurations, and pricing them takes "
+            f"too long. Merge axes that cross the same link, e.g. node=2,gpu=8 for 2 nodes of "
+            f"8 GPUs (an axis of size 1 splits nothing: leave it out)"
+        )
+    devices = math.prod(mesh.values())
+    if devices > MAX_DEVICES:
+        raise ValueError(
+            f"mesh {text!r} has {devices:,} devices; jaxpar plan takes at most "
+            f"{MAX_DEVICES:,} (2^20)"
+        )
     return mesh
+
+
+def mesh_text(mesh: dict[str, int]) -> str:
+    """``{"node": 4, "gpu": 4}`` -> ``"node=4,gpu=4"`` (the form --mesh takes)."""
+    return ",".join(f"{name}={size}" for name, size in mesh.items())
+
+
+def parse_dtype(text: str) -> str:
+    """A dtype name the models train in (`DTYPES`, or an alias such as ``bf16``)."""
+    key = text.strip().lower()
+    name = DTYPE_ALIASES.get(key, key)
+    if name not in DTYPES:
+        raise ValueError(
+            f"unknown dtype {text!r}{_did_you_mean(text, DTYPES)}: the models train in "
+            f"{', '.join(DTYPES)} (aliases: {', '.join(DTYPE_ALIASES)})"
+        )
+    return name
+
+
+def parse_batch(text: str) -> int:
+    """A positive whole number of samples (the global batch)."""
+    try:
+        batch = int(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a whole number; give the global batch in samples, e.g. --batch 64"
+        ) from None
+    if batch < 1:
+        raise ValueError(
+            f"{batch} is not a batch: the global batch must be at least 1 sample (and a "
+            f"multiple of the mesh's device count), e.g. --batch 64"
+        )
+    return batch
+
+
+def _choice(option: str, options: Sequence[str]) -> Callable[[str], str]:
+    """An argparse ``type=`` for one of `options`, suggesting the nearest on a typo."""
+
+    def parse(text: str) -> str:
+        if text not in options:
+            raise ValueError(
+                f"invalid choice {text!r}{_did_you_mean(text, options)}; choose one of "
+                f"{', '.join(options)}"
+            )
+        return text
+
+    return _arg_type(parse, option)
 
 
 class _Progress:
@@ -143,66 +303,190 @@ def layer_table(plans: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def explanatory_tables(plans: dict[str, Any]) -> list[str]:
+    """The tables `jaxpar.report` has for strategies side by side, in order: where each step's
+    time goes per phase (`report.phase_table`), and how the state is laid out
+    (`report.state_table`). Each is printed when the report module has it."""
+    from jaxpar import report
+
+    names = ("phase_table", "state_table")
+    return [getattr(report, name)(plans) for name in names if hasattr(report, name)]
+
+
+# ---- checks that run before anything slow ------------------------------------------------------
+
+
+def check_output_path(option: str, path: str, example: str) -> None:
+    """Raise ValueError unless `path` can be written: a file name in an existing folder."""
+    if not path:
+        raise ValueError(f"{option} needs a file name, e.g. {option} {example}")
+    if os.path.isdir(path):
+        raise ValueError(
+            f"{option} {path!r} is a folder; give a file name, e.g. "
+            f"{option} {os.path.join(path, example)}"
+        )
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(
+            f"{option} {path!r}: the folder {folder!r} does not exist; create it first or write "
+            f"somewhere else"
+        )
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{option} {path!r}: no permission to write there")
+
+
+def check_plot(path: str) -> None:
+    """Raise ValueError unless matplotlib imports and can write `path`'s format."""
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ValueError(
+            '--plot needs matplotlib, which is not installed: pip install -e ".[plot]" (or '
+            "pip install matplotlib), or leave out --plot"
+        ) from None
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in formats:
+        what = f"'.{ext}'" if ext else "a file name without an extension"
+        raise ValueError(
+            f"--plot {path!r}: matplotlib cannot write {what}; end the name with one of "
+            f"{', '.join('.' + f for f in formats)}, e.g. --plot plan.png"
+        )
+    check_output_path("--plot", path, "plan.png")
+
+
+def check_model(name: str) -> str:
+    """The zoo model `name`, or ValueError listing the models (and suggesting the nearest)."""
+    import models
+
+    known = models.registered_names()
+    if name not in known:
+        raise ValueError(
+            f"unknown model {name!r}{_did_you_mean(name, known)}; models: "
+            f"{', '.join(models.NAMES)}; small test models: {', '.join(models.EXTRA)}"
+        )
+    return name
+
+
+def check_cluster(name: str) -> str:
+    """The cluster preset `name`, or ValueError listing the presets (and suggesting the nearest)."""
+    from jaxpar import Cluster
+
+    known = Cluster.presets()
+    if name not in known:
+        raise ValueError(
+            f"unknown cluster preset {name!r}{_did_you_mean(name, known)}; presets: "
+            f"{', '.join(known)} (jaxpar clusters prints their numbers)"
+        )
+    return name
+
+
+def check_batch(batch: int, devices: int) -> None:
+    """Raise ValueError unless `batch` splits evenly over `devices` (data parallelism)."""
+    if batch % devices:
+        below = batch // devices * devices
+        fits = f"--batch {below} or {below + devices}" if below else f"--batch {devices}"
+        raise ValueError(
+            f"batch {batch} does not split over the mesh's {_plural(devices, 'device')}, so data "
+            f"parallelism (the baseline every comparison is against) cannot run; pass --batch "
+            f"a multiple of {devices}, e.g. {fits}"
+        )
+
+
+def zoo_example(
+    name: str, batch: int | None, small: bool, dtype: Any, devices: int
+) -> tuple[Any, int, str]:
+    """The zoo example, its global batch, and how the batch was chosen (``""``: --batch).
+
+    Without --batch: the model's default batch, rounded up to a multiple of the device count
+    so that it splits over the mesh (GPT's default of 8 sequences would not split over 16).
+    """
+    import jax
+
+    import models
+
+    if batch is not None:
+        return models.get(name, batch=batch, small=small, dtype=dtype), batch, ""
+    ex = models.get(name, small=small, dtype=dtype)
+    default = int(jax.tree.leaves(ex.args[1])[0].shape[0])
+    batch = -(-default // devices) * devices
+    if batch == default:
+        return ex, batch, "the model's default"
+    note = f"the model's default {default}, rounded up to a multiple of the {devices} devices"
+    return models.get(name, batch=batch, small=small, dtype=dtype), batch, note
+
+
 def plan_command(args: argparse.Namespace) -> int:
     """Plan a zoo model on an abstract mesh: no accelerator and no parameters allocated."""
-    say = _Progress(args.quiet)
-    mesh = parse_mesh(args.mesh)
+    mesh: dict[str, int] = args.mesh
     devices = math.prod(mesh.values())
+    # Everything that can be wrong with the input is checked before the (slow) planning.
+    if args.json is not None:
+        check_output_path("--json", args.json, "plan.json")
+    if args.plot is not None:
+        check_plot(args.plot)
+    if args.batch is not None:
+        check_batch(args.batch, devices)
+    model = check_model(args.model)
+    preset = check_cluster(args.cluster)
+    say = _Progress(args.quiet)
+
+    import jax
     import jax.numpy as jnp
 
     import jaxpar
-    import models
     from jaxpar.meshes import describe_mesh, resolve_cluster
 
-    cluster = resolve_cluster(args.cluster, describe_mesh(mesh))
-
-    known = models.registered_names()
-    if args.model not in known:
-        raise ValueError(f"unknown model {args.model!r}; choose one of: {', '.join(known)}")
-    ex = models.get(args.model, batch=args.batch, small=args.small, dtype=jnp.dtype(args.dtype))
-    batch = int(ex.args[1][next(iter(ex.args[1]))].shape[0])
-    if batch % devices:
-        raise ValueError(
-            f"batch {batch} does not split over the mesh's {devices} devices, so data "
-            f"parallelism (the baseline every comparison is against) cannot run; pass --batch "
-            f"a multiple of {devices}"
+    cluster = resolve_cluster(preset, describe_mesh(mesh))
+    # float64 needs jax's 64-bit mode, or the arrays would silently be float32
+    wide = jax.enable_x64(True) if args.dtype == "float64" else contextlib.nullcontext()
+    with wide:
+        ex, batch, note = zoo_example(model, args.batch, args.small, jnp.dtype(args.dtype), devices)
+        size = "small" if args.small else "full size"
+        say("model", f"{model} ({size}), batch {batch}" + (f" ({note})" if note else ""))
+        strategy = "auto" if args.strategy == "all" else args.strategy
+        plan = jaxpar.plan(
+            ex.step,
+            *ex.args,
+            mesh=mesh,
+            cluster=cluster,
+            strategy=strategy,
+            objective=args.objective,
+            search=args.search,
+            progress=say,
         )
-    say("model", f"{args.model} ({'small' if args.small else 'full size'}), batch {batch}")
-    strategy = "auto" if args.strategy == "all" else args.strategy
-    plan = jaxpar.plan(
-        ex.step,
-        *ex.args,
-        mesh=mesh,
-        cluster=cluster,
-        strategy=strategy,
-        objective=args.objective,
-        search=args.search,
-        progress=say,
-    )
-    names = ("auto", "data", "model", "owt") if args.strategy == "all" else (strategy,)
-    plans = {n: plan.variant(n) for n in names}
-    title = (
-        f"{args.model}, batch {batch}, mesh {args.mesh} ({devices} devices), "
-        f"cluster {cluster.name}, objective {args.objective}"
-    )
-    print(title)
-    if args.strategy == "all":
-        print()
-        print(comparison_table(plans, batch))
-        print()
-        print(layer_table(plans))
-    else:
-        print(plan.report())
-        print(f"throughput {batch / plan.cost.step_s:.1f} samples/s at batch {batch}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(plan_document(args.model, batch, mesh, cluster, plans), f, indent=1)
-        say("json", args.json)
-    if args.plot:
-        from jaxpar.figures import plot_strategies
+        names = ALL_STRATEGIES if args.strategy == "all" else (strategy,)
+        plans = {n: plan.variant(n) for n in names}
+        title = (
+            f"{model}{' (small)' if args.small else ''}, batch {batch}"
+            f"{f' ({note})' if note else ''}, mesh {mesh_text(mesh)} "
+            f"({_plural(devices, 'device')}), cluster {cluster.name}, objective "
+            f"{args.objective}, dtype {args.dtype}"
+        )
+        print(title)
+        if args.strategy == "all":
+            print()
+            print(comparison_table(plans, batch))
+            # What the comparison does not show: per phase where each step goes, and the
+            # state's layout (jaxpar.report's tables for strategies side by side).
+            for table in explanatory_tables(plans):
+                print()
+                print(table)
+            print()
+            print(layer_table(plans))
+        else:
+            print(plan.report())
+            print(f"throughput {batch / plan.cost.step_s:.1f} samples/s at batch {batch}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(plan_document(model, batch, mesh, cluster, plans), f, indent=1)
+            say("json", args.json)
+        if args.plot:
+            from jaxpar.figures import plot_strategies
 
-        plot_strategies(plans, args.plot, title=title)
-        say("plot", args.plot)
+            plot_strategies(plans, args.plot, title=title)
+            say("plot", args.plot)
     return 0
 
 
@@ -234,63 +518,189 @@ def plan_document(
     return json.loads(json.dumps(out, default=str))
 
 
-def clusters_command(args: argparse.Namespace) -> int:
-    """Every preset with its numbers and their sources."""
+def showcase_cluster(name: str) -> Any:
+    """Preset `name` at a size that has every link level: 2 nodes of a multi-node preset (one
+    node has no link between nodes), else the preset's default size."""
     from jaxpar import Cluster
 
-    for i, name in enumerate(Cluster.presets()):
-        if i:
-            print()
-        print(Cluster.preset(name).describe())
+    default = Cluster.preset(name)
+    try:
+        two = Cluster.preset(name, nodes=2)
+    except ValueError:  # one host or one flat network: sized with devices=
+        return default
+    return two if len(two.levels) > len(default.levels) else default
+
+
+def clusters_command(args: argparse.Namespace) -> int:
+    """Every preset with its numbers and their sources, at a size that shows every link."""
+    from jaxpar.hardware import presets
+
+    print(
+        "Cluster presets. 'jaxpar plan --cluster NAME' sizes one to the mesh (whole nodes); "
+        "each is shown\nhere with 2 nodes where it has nodes, so that every link level is listed."
+    )
+    for name in presets.preset_names():
+        print()
+        print(f"== {name}: {presets.preset_summary(name)}")
+        print(showcase_cluster(name).describe())
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="jaxpar", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def _plan_epilog() -> str:
+    """`jaxpar plan --help`'s list of models and presets (imports the zoo: only for --help)."""
+    import models
+    from jaxpar.hardware import presets
+
+    def names(items: Sequence[str]) -> str:
+        return textwrap.fill(
+            ", ".join(items), width=96, initial_indent="  ", subsequent_indent="  "
+        )
+
+    width = max(len(n) for n in presets.preset_names()) + 2
+    lines = [
+        "models (MODEL; --small plans the reduced version):",
+        names(models.NAMES),
+        "small test models:",
+        names(models.EXTRA),
+        "",
+        "cluster presets (--cluster; 'jaxpar clusters' prints every number and its source):",
+        *[f"  {n:<{width}}{presets.preset_summary(n)}" for n in presets.preset_names()],
+        "",
+        "examples:",
+        "  jaxpar plan vgg16 --mesh node=4,gpu=4 --cluster p100 --batch 512 --strategy all \\",
+        "      --json vgg16.json --plot vgg16.png",
+        "  jaxpar plan gpt2_124m --mesh data=4,model=4 --cluster dgx-h100 --dtype bfloat16",
+        "  jaxpar plan lenet5 --mesh pod=16,node=64,gpu=4 --batch 4096 --quiet",
+    ]
+    return "\n".join(lines)
+
+
+def build_parser() -> _Parser:
+    """The `jaxpar` argument parser: demo, plan, clusters."""
+    parser = _Parser(
+        prog="jaxpar",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_demo = sub.add_parser("demo", help="train small models auto-sharded on 8 simulated devices")
-    p_demo.add_argument("--models", nargs="+", default=["cnn", "gpt_small"])
-    p_demo.add_argument("--steps", type=int, default=3)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # ---- demo (jaxpar/demo.py's options) ----
+    p_demo = sub.add_parser(
+        "demo",
+        help="what the planner decides and why, on 8 simulated devices (about 20 s)",
+        description="Train a small GPT auto-sharded on 8 simulated CPU devices beside the "
+        "unsharded step (losses, layouts, predicted vs compiled collectives), then plan GPT-2 "
+        "1.3B for 64 H100s beside the hand plans and explain the difference.",
+    )
     p_demo.add_argument(
-        "--cluster", default="dgx-h100", help="cost model target (default: dgx-h100)"
+        "--steps", type=_positive_steps, default=3, help="training steps of part 1 (default 3)"
+    )
+    p_demo.add_argument(
+        "--small-only", action="store_true", help="skip part 2 (GPT-2 1.3B on 64 H100s)"
     )
     p_demo.set_defaults(func=demo)
-
+    # ---- plan ----
     p_plan = sub.add_parser(
         "plan",
         help="plan a zoo model on an abstract mesh (any size, no accelerator needed)",
-        description="Plan a model of the zoo (models.NAMES) on an abstract mesh for a cluster "
-        "preset and print the predicted cost; parameters are never allocated.",
+        description=PLAN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog_fn=_plan_epilog,
     )
-    p_plan.add_argument("model", help="zoo model name, e.g. vgg16, inception_v3, gpt2_124m")
-    p_plan.add_argument("--mesh", required=True, help="axes as NAME=SIZE,...: node=4,gpu=4")
-    p_plan.add_argument("--cluster", default="p100", help="preset (jaxpar clusters); default p100")
-    p_plan.add_argument("--batch", type=int, default=None, help="global batch (default: model's)")
-    p_plan.add_argument("--strategy", choices=STRATEGY_CHOICES, default="auto")
-    p_plan.add_argument("--objective", choices=("time", "comm"), default="time")
+    p_plan.add_argument("model", metavar="MODEL", help="zoo model name (listed below)")
+    p_plan.add_argument(
+        "--mesh",
+        required=True,
+        type=_arg_type(parse_mesh, "mesh"),
+        metavar="NAME=SIZE,...",
+        help=f"mesh axes, outermost first, e.g. node=4,gpu=4 (at most {MAX_MESH_AXES} axes)",
+    )
+    p_plan.add_argument(
+        "--cluster",
+        default="p100",
+        metavar="PRESET",
+        help="cluster preset (listed below), sized to the mesh in whole nodes; default p100",
+    )
+    p_plan.add_argument(
+        "--batch",
+        type=_arg_type(parse_batch, "batch"),
+        default=None,
+        help="global batch, a multiple of the device count (default: the model's batch, "
+        "rounded up to a multiple of the device count)",
+    )
+    p_plan.add_argument(
+        "--strategy",
+        type=_choice("strategy", STRATEGY_CHOICES),
+        default="auto",
+        metavar="{" + ",".join(STRATEGY_CHOICES) + "}",
+        help="auto: the search (default); data, model, owt: the baselines; hypar: HyPar's "
+        "space; all: auto and the three baselines side by side",
+    )
+    p_plan.add_argument(
+        "--objective",
+        type=_choice("objective", OBJECTIVE_CHOICES),
+        default="time",
+        metavar="{" + ",".join(OBJECTIVE_CHOICES) + "}",
+        help="time: predicted step time (default); comm: bytes moved (SoyBean's)",
+    )
     p_plan.add_argument(
         "--search",
-        choices=("elimination", "kcut"),
+        type=_choice("search", SEARCH_CHOICES),
         default="elimination",
-        help="joint elimination (OptCNN) or SoyBean's k-cut; the report shows both",
+        metavar="{" + ",".join(SEARCH_CHOICES) + "}",
+        help="joint elimination (OptCNN, default) or SoyBean's k-cut; the report shows both",
     )
-    p_plan.add_argument("--dtype", default="float32", help="parameter/activation dtype")
+    p_plan.add_argument(
+        "--dtype",
+        type=_arg_type(parse_dtype, "dtype"),
+        default="float32",
+        help=f"parameter/activation dtype: {', '.join(DTYPES)} (default float32)",
+    )
     p_plan.add_argument("--small", action="store_true", help="the reduced (test) model")
     p_plan.add_argument("--json", metavar="FILE", help="write the plan(s) as JSON")
-    p_plan.add_argument("--plot", metavar="FILE.png", help="draw per-layer configs and times")
+    p_plan.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help='draw per-layer configs and times (needs matplotlib: pip install -e ".[plot]")',
+    )
     p_plan.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p_plan.set_defaults(func=plan_command)
-
-    p_cl = sub.add_parser("clusters", help="list the cluster presets with numbers and sources")
+    # ---- clusters ----
+    p_cl = sub.add_parser(
+        "clusters",
+        help="list the cluster presets with numbers and sources",
+        description=CLUSTERS_DESCRIPTION,
+    )
     p_cl.set_defaults(func=clusters_command)
+    parser.commands = dict(sub.choices)  # command name -> its parser
+    return parser
 
-    args = parser.parse_args(argv)
+
+def _one_line(message: object) -> str:
+    """An error message on one line (library messages may hold newlines)."""
+    return " ".join(str(message).split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `jaxpar`; returns the exit status (2: bad input, reported as one line)."""
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the command's parser, so the line names the command
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    except UsageError as err:
+        print(f"{err.prog}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
-    except (ValueError, KeyError) as err:
+    except BrokenPipeError:  # stdout closed early (jaxpar clusters | head): not an error of ours
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, KeyError, OSError) as err:
         # bad input: one clear line, not a traceback
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"jaxpar {args.command}: error: {message}", file=sys.stderr)
+        print(f"jaxpar {args.command}: error: {_one_line(message)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"jaxpar {args.command}: interrupted", file=sys.stderr)
+        return 130

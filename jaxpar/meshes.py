@@ -23,15 +23,29 @@ from .hardware.presets import preset_sizing
 ABSTRACT = "abstract"  # MeshDescription.platform of a mesh without devices
 
 
+def check_axes(axes: dict) -> None:
+    """Raise ValueError unless `axes` is a non-empty {str name: int size >= 1} (bools refused)."""
+    if not axes:
+        raise ValueError(
+            "mesh={} has no axes; give a non-empty dict of axis sizes, e.g. {'data': 2, 'model': 4}"
+        )
+    for name, size in axes.items():
+        is_int = isinstance(size, int) and not isinstance(size, bool)
+        if not isinstance(name, str) or not is_int or size < 1:
+            raise ValueError(f"mesh entry {name!r}: {size!r}; axes are name -> positive int")
+
+
 def make_mesh(axes: dict[str, int], devices: Any = None) -> Mesh:
     """A mesh with `AxisType.Auto` axes (what sharding-constraint propagation wants).
 
     ``axes``: ordered {name: size}; ``devices``: defaults to ``jax.devices()``.
     """
-    if not isinstance(axes, dict) or not axes:
-        raise ValueError(
-            "make_mesh takes a non-empty dict of axis sizes, e.g. {'data': 2, 'model': 4}"
+    if not isinstance(axes, dict):
+        raise TypeError(
+            f"make_mesh takes a dict of axis sizes, e.g. {{'data': 2, 'model': 4}}, not "
+            f"{type(axes).__name__}"
         )
+    check_axes(axes)
     devices = list(jax.devices() if devices is None else devices)
     need = int(np.prod(list(axes.values())))
     if need > len(devices):
@@ -69,11 +83,7 @@ def describe_mesh(mesh: Any) -> MeshDescription:
     needed). Raises ValueError for an empty dict or bad entries, TypeError for anything else.
     """
     if isinstance(mesh, dict):
-        if not mesh:
-            raise ValueError("mesh={} has no axes; give e.g. {'data': 2, 'model': 4}")
-        for name, size in mesh.items():
-            if not isinstance(name, str) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"mesh entry {name!r}: {size!r}; axes are name -> positive int")
+        check_axes(mesh)
         names, sizes = tuple(mesh), tuple(mesh.values())
         abstract = AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(names))
         return MeshDescription(abstract, names, sizes, None, ABSTRACT, None)

@@ -158,11 +158,12 @@ def build_nodes(program: Program) -> NodeGraph:
     for tid in program.invars:
         nodes.append(_input_node(program, len(nodes), tid))
         node_of_tensor[tid] = nodes[-1].index
+    warned: set[str] = set()  # primitives without a rule: one warning each per program
 
     for e in program.eqns:
         if e.index in absorbed:
             continue
-        space = space_of(e, program)
+        space = space_of(e, program, warned)
         target, out_map = _join_target(e, program, space, nodes, node_of_tensor)
         if target is None:
             stack = e.name_stack

@@ -37,6 +37,11 @@ def pins_from_specs(in_specs: Any, args: tuple, program: Program) -> dict[int, P
     """Argument tensor -> PartitionSpec, from a pytree prefix of specs (None leaves free)."""
     if in_specs is None:
         return {}
+    if isinstance(in_specs, str):
+        raise TypeError(
+            f"in_specs={in_specs!r} is a string; give PartitionSpecs, e.g. "
+            f"in_specs=(None, PartitionSpec({in_specs!r})) to split argument 1's dim 0"
+        )
     is_spec = lambda x: x is None or isinstance(x, PartitionSpec)
     try:
         expanded = tree_util.tree_map(

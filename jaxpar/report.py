@@ -267,3 +267,125 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
 def plan_json(plan: Plan) -> str:
     """`plan_dict` as indented JSON."""
     return json.dumps(plan_dict(plan), indent=1, default=str)
+
+
+# ---------------------------------------------------------------- explaining a comparison
+
+PHASES = ("forward", "backward", "gradient", "update")
+
+
+def phase_totals(plan: Plan) -> dict[str, dict[str, float]]:
+    """Per AccPar phase (`node_phase`): summed t_C, t_X, t_S (seconds) and bytes. Input nodes
+    count as "update": the optimizer's elementwise updates join the state they update."""
+    out = {p: dict.fromkeys(("t_C", "t_X", "t_S", "bytes"), 0.0) for p in PHASES}
+    for node, row in zip(plan.ng.nodes, plan.evaluation.node_rows, strict=True):
+        phase = node_phase(plan, node.index)
+        totals = out["update" if phase == "input" else phase]
+        for k in totals:
+            totals[k] += getattr(row, k)
+    return out
+
+
+def phase_table(plans: dict[str, Plan]) -> str:
+    """Where each strategy's step goes, per phase: compute + communication (ms), and MB sent.
+
+    Communication is reshards and partial sums (t_X) plus gradient synchronization (t_S);
+    "gradient" holds the weight gradients and their all-reduces, "update" the optimizer.
+    """
+    totals = {name: phase_totals(p) for name, p in plans.items()}
+    w = 21
+    dec = 1 if max(p.cost.step_s for p in plans.values()) >= 0.01 else 3  # ms shown with 1 or 3
+    cell = lambda c, x: f"{c * 1e3:9.{dec}f} +{x * 1e3:9.{dec}f}"
+    lines = [
+        "ms per step: compute + communication",
+        f"{'phase':<10}" + "".join(f"{n:>{w}}" for n in plans),
+    ]
+    for phase in PHASES:
+        t = {n: totals[n][phase] for n in plans}
+        if any(v["t_C"] or v["t_X"] or v["t_S"] for v in t.values()):
+            row = "".join(f"{cell(v['t_C'], v['t_X'] + v['t_S']):>{w}}" for v in t.values())
+            lines.append(f"{phase:<10}{row}")
+    total = "".join(f"{cell(p.cost.compute_s, p.cost.comm_s):>{w}}" for p in plans.values())
+    step = "".join(f"{p.cost.step_s * 1e3:>{w}.{dec}f}" for p in plans.values())
+    sent = "".join(f"{p.cost.comm_bytes / 1e6:>{w}.1f}" for p in plans.values())
+    lines += [f"{'total':<10}{total}", f"{'step ms':<10}{step}", f"{'MB sent':<10}{sent}"]
+    return "\n".join(lines)
+
+
+def state_layouts(plan: Plan, argnum: int = 0) -> list[dict[str, Any]]:
+    """The state argument's leaves (parameters, optimizer state) as the plan lays them out:
+    path, shape, bytes, PartitionSpec and bytes per device."""
+    rows = []
+    prefix = f"[{argnum}]"
+    sizes = plan.mesh_axes.sizes
+    for path, tid, spec in zip(
+        plan.program.invar_paths, plan.program.invars, plan.invar_specs, strict=True
+    ):
+        if not path.startswith(prefix):
+            continue
+        tensor = plan.program.tensors[tid]
+        shards = math.prod(sizes[a] for axes in spec for a in axes)
+        rows.append(
+            {
+                "path": path[len(prefix) :],
+                "shape": tensor.shape,
+                "bytes": tensor.nbytes,
+                "spec": _spec_text(plan.partition_spec(spec)),
+                "sharded": shards > 1,
+                "bytes_per_device": tensor.nbytes / shards,
+            }
+        )
+    return rows
+
+
+def state_table(plans: dict[str, Plan], largest: int = 4) -> str:
+    """Per strategy: the state's bytes per device and how many leaves are sharded; then the
+    layouts of the largest state tensors side by side.
+
+    Bytes per device count the step's state argument only (parameters and optimizer state),
+    not activations or temporaries.
+    """
+    layouts = {name: state_layouts(p) for name, p in plans.items()}
+    first = next(iter(plans.values()))
+    memory = min(
+        first.cluster.device_spec(i).memory_bytes for i in range(first.cluster.num_devices)
+    )
+    lines = [
+        f"{'state per device':<18} {'bytes':>10} {'of device':>10} {'sharded leaves':>16}",
+    ]
+    for name, rows in layouts.items():
+        per_device = sum(r["bytes_per_device"] for r in rows)
+        sharded = sum(r["sharded"] for r in rows)
+        lines.append(
+            f"{name:<18} {_bytes_text(per_device):>10} {per_device / memory:>10.1%} "
+            f"{f'{sharded} of {len(rows)}':>16}"
+        )
+    top = sorted(next(iter(layouts.values())), key=lambda r: -r["bytes"])[:largest]
+    if top:
+        w = max(len(r["path"]) for r in top)
+        lines.append("")
+        spec = {
+            (r["path"], n): next(x["spec"] for x in layouts[n] if x["path"] == r["path"])
+            for r in top
+            for n in plans
+        }
+        cw = {n: max([len(n)] + [len(spec[(r["path"], n)]) for r in top]) for n in plans}
+        head = "  ".join(f"{n:<{cw[n]}}" for n in plans)
+        lines.append(f"{'largest state tensors':<{w}}  {head}")
+        for r in top:
+            cells = "  ".join(f"{spec[(r['path'], n)]:<{cw[n]}}" for n in plans)
+            lines.append(f"{r['path']:<{w}}  {cells}")
+    return "\n".join(lines)
+
+
+def _spec_text(spec: Any) -> str:
+    """``P('gpu', None)``: a PartitionSpec as people write it."""
+    parts = ", ".join(repr(p) if p is not None else "None" for p in spec)
+    return f"P({parts})"
+
+
+def _bytes_text(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"

@@ -53,7 +53,6 @@ class OpSpace:
 
 Rule = Callable[[Equation, Program], OpSpace]
 RULES: dict[str, Rule] = {}
-_warned: set[str] = set()
 
 
 def register_rule(*names: str) -> Callable[[Rule], Rule]:
@@ -88,12 +87,14 @@ def replicated_space(eqn: Equation, program: Program) -> OpSpace:
     )
 
 
-def space_of(eqn: Equation, program: Program) -> OpSpace:
-    """The equation's iteration space; unknown primitives fall back to replicated, warned once."""
+def space_of(eqn: Equation, program: Program, warned: set[str] | None = None) -> OpSpace:
+    """The equation's iteration space; unknown primitives fall back to replicated, with one
+    warning per primitive among those already in ``warned`` (a planning run passes its own)."""
     rule = RULES.get(eqn.primitive)
     if rule is None:
-        if eqn.primitive not in _warned:
-            _warned.add(eqn.primitive)
+        warned = set() if warned is None else warned
+        if eqn.primitive not in warned:
+            warned.add(eqn.primitive)
             log.warning(
                 "jaxpar: no sharding rule for primitive %r; it runs replicated (its operands are "
                 "gathered and its results replicated on every device)",

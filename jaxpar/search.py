@@ -334,11 +334,12 @@ def solve(
     problem: Problem,
     starts: Sequence[Sequence[int]] = (),
     budget: SearchBudget | None = None,
-    on_round: Callable[[str], None] | None = None,
+    on_round: Callable[[int, int, int, float], None] | None = None,
 ) -> Solution:
     """Exact when the graph eliminates within budget; else block coordinate descent.
 
-    ``on_round(detail)``, if given, is told when each descent round ends (progress reports).
+    ``on_round(start, starts, round, objective)``, if given, is called when each descent round
+    ends (progress reports).
     Descent runs from the ``budget.max_starts`` best starting assignments: on the zoo's wide
     steps (Inception-v3, ResNet-50, GPT-2 on 4×4) the worse starts never ended best, and they
     cost half the search time (bench/search_time.py).
@@ -371,7 +372,7 @@ def solve(
                 if v < val - 1e-12 * max(1.0, abs(val)):
                     x, val, improved = y, v, True
             if on_round is not None:
-                on_round(f"start {k + 1}/{len(starts)}, round {rounds_total}: {val:.6g}")
+                on_round(k + 1, len(starts), rounds_total, val)
             if not improved:
                 break
         if val < best_val:

@@ -1,21 +1,22 @@
 """Cost tables: the search problem built from the priced nodes and the reads between them.
 
-The reported cost (`evaluate`) produces each reshard step once per (tensor, before, after)
-however many readers share it. The tables price that exactly: a tensor read once gets a pairwise
+How reshards are shared (`evaluate`, `apply`, and these tables alike): each read of a tensor
+walks its `reshard_path` from the producer's layout, and a step — (before, after) layouts — that
+another read of the tensor already took is not run again. A tensor read once gets a pairwise
 table (producer × reader configurations); a tensor read by several nodes gets one table over the
-producer and all its readers, the cost of the *union* of their reshard paths (`SharedReshards`).
+producer and all its readers: the cost of the *union* of their paths' steps (`SharedReshards`).
 Then the search's objective is the reported cost, and an exact search certifies its plan.
 
 Where such a table would be too large (`FACTOR_BUDGET` entries), the tensor falls back to two
 pairwise approximations, so the planner holds two problems:
 
-- ``problem`` charges each such read its whole reshard: an *upper* bound of the reported cost;
-- ``bound`` charges it 1/k of its reshard (k = reads of the tensor): the union of the readers'
-  paths costs at least the dearest path, at least the mean, so a *lower* bound.
+- ``problem`` charges each such read its whole path: an *upper* bound of the union's cost;
+- ``bound`` charges each read 1/k of its path (k = distinct reads): the union costs at least the
+  dearest path, at least the mean: a *lower* bound.
 
-With no fallback the two are the same problem (``exact``). An exact minimum of ``bound`` certifies
-any plan whose reported cost reaches it (docs/design.md, "The optimality certificate").
-Pure: numpy only.
+With no fallback the two are the same problem (``exact``). `pairwise_bound` prices every shared
+tensor that way (no tables over several nodes: a graph no wider than the reads), for steps too
+wide to eliminate with the exact tables. Pure: numpy only.
 """
 
 from __future__ import annotations
@@ -47,26 +48,31 @@ class EdgeUse:
     tensor: int  # tensor id
     src_map: DimMap  # the tensor's dims -> src node iteration dims
     dst_map: DimMap  # the layout the reader needs, in dst node iteration dims
+    order: tuple[int, int] = (0, 0)  # (reading equation, operand) or (after all, result index)
 
 
 def edge_uses(ng: NodeGraph, feedback: Sequence[tuple[int, int]]) -> list[EdgeUse]:
-    """Every cross-node read, plus state feedback edges (new state -> next step's input)."""
+    """Every read, plus state feedback edges (new state -> next step's input), in the order
+    `apply` serves them: equations in program order, then the step's results."""
     uses = []
     for node in ng.nodes:
         for m in node.members:
             if m.eqn < 0:
                 continue
             eqn = ng.program.eqns[m.eqn]
-            for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
+            for k, (t, mp) in enumerate(zip(eqn.inputs, m.in_maps, strict=True)):
                 if t is None or mp is None or t not in ng.node_of_tensor:
                     continue
                 src = ng.node_of_tensor[t]
-                uses.append(EdgeUse(src, node.index, t, ng.nodes[src].tensor_maps[t], mp))
+                src_map = ng.nodes[src].tensor_maps[t]
+                uses.append(EdgeUse(src, node.index, t, src_map, mp, (m.eqn, k)))
+    after_all = len(ng.program.eqns)
     for out_t, in_t in feedback:
         src, dst = ng.node_of_tensor[out_t], ng.node_of_tensor[in_t]
         src_map, dst_map = ng.nodes[src].tensor_maps[out_t], ng.nodes[dst].tensor_maps[in_t]
-        uses.append(EdgeUse(src, dst, out_t, src_map, dst_map))
-    return uses
+        position = (after_all, ng.program.outvars.index(out_t))
+        uses.append(EdgeUse(src, dst, out_t, src_map, dst_map, position))
+    return sorted(uses, key=lambda u: u.order)
 
 
 class ReshardTables:
@@ -113,7 +119,7 @@ class ReshardTables:
         return small[np.ix_(si, di)]
 
 
-FACTOR_BUDGET = 6e5  # largest shared-reshard table (entries) priced exactly
+FACTOR_BUDGET = 2e5  # largest shared-reshard table (entries) priced exactly
 PATTERN_BUDGET = 2e4  # largest number of layout combinations priced per pattern
 
 
@@ -132,8 +138,8 @@ class SharedReshards:
 
     @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 - one cache per planning run
     def _step_parts(self, src: Spec, dst: Spec) -> dict[tuple[Spec, Spec], tuple[float, float]]:
-        """(before, after) -> (fixed, per-byte) cost of each step of the path src -> dst, the
-        α and β terms of `reshard.step_time` (bytes only under "comm")."""
+        """(before, after) -> (fixed, per-byte) cost of each collective step of the path src ->
+        dst, the α and β terms of `reshard.step_time` (bytes only under "comm")."""
         mesh, comm = self.reshards.params.mesh, self.reshards.params.objective == "comm"
         out = {}
         for step in reshard_path(1, src, dst, mesh.sizes):
@@ -212,7 +218,6 @@ class CostTables:
     uses: tuple[EdgeUse, ...]
     problem: Problem  # the reported cost, or an upper bound of it where tables fell back
     bound: Problem  # the reported cost, or a lower bound of it where tables fell back
-    pairwise_bound: Problem  # every shared tensor at 1/k per read: a lower bound, no factors
     fallback_tensors: int  # shared tensors priced by the upper/lower pair (0: ``exact``)
 
     @property
@@ -244,27 +249,53 @@ def build_tables(
         tick(f"compute/sync tables of {len(unary)}/{len(ng.nodes)} nodes")
     uses = edge_uses(ng, feedback)
     blocks = phase_blocks(ng)
-    problem, bound, pairwise = (Problem(list(unary), {}, blocks) for _ in range(3))
+    exact = Problem(list(unary), {}, blocks)  # every term priced exactly
     reshards = ReshardTables(ng, configs, params)
     shared = SharedReshards(reshards)
-    fallback = 0
-    groups = _reads_by_tensor(ng, uses)
+    fallback: list[list[EdgeUse]] = []
+    groups = reads_by_tensor(ng, uses)
     for i, reads in enumerate(groups):
-        exact = shared.table(reads) if len(reads) > 1 else None
-        fallback += len(reads) > 1 and exact is None
-        for use in reads:
-            table = reshards.table(use)
-            pairwise.add_edge(use.src, use.dst, table / len(reads))
-            if exact is None:
+        if len(reads) == 1:
+            exact.add_edge(reads[0].src, reads[0].dst, reshards.table(reads[0]))
+        elif (table := shared.table(reads)) is not None:
+            exact.add_factor(*table)
+        else:
+            fallback.append(reads)
+        tick(f"reshard tables of {i + 1}/{len(groups)} tensors")
+    problem, bound = exact, exact
+    if fallback:  # the upper and the lower pricing of the tensors without an exact table
+        problem, bound = (
+            Problem(list(unary), dict(exact.edges), blocks, dict(exact.factors)) for _ in range(2)
+        )
+        for reads in fallback:
+            for use in reads:
+                table = reshards.table(use)
                 problem.add_edge(use.src, use.dst, table)
                 bound.add_edge(use.src, use.dst, table / len(reads))
-        if exact is not None:
-            problem.add_factor(*exact)
-            bound.add_factor(*exact)
-        tick(f"reshard tables of {i + 1}/{len(groups)} tensors")
-    return CostTables(
-        tuple(configs), tuple(compute), tuple(uses), problem, bound, pairwise, fallback
-    )
+    return CostTables(tuple(configs), tuple(compute), tuple(uses), problem, bound, len(fallback))
+
+
+def pairwise_bound(ng: NodeGraph, tables: CostTables, params: CostParams) -> Problem:
+    """A lower bound of the reported cost with no tables over several nodes: every shared
+    tensor's reads at 1/k of their paths (see the module docstring). Its graph is the read
+    graph, so it may eliminate where the exact tables are too wide."""
+    out = Problem(list(tables.bound.unary), {}, tables.problem.blocks)
+    reshards = ReshardTables(ng, list(tables.configs), params)
+    for reads in reads_by_tensor(ng, tables.uses):
+        for use in reads:
+            out.add_edge(use.src, use.dst, reshards.table(use) / len(reads))
+    return out
+
+
+def pairwise_skeleton(ng: NodeGraph, tables: CostTables) -> Problem:
+    """`pairwise_bound`'s graph with zero tables (views, no memory): to decide whether it would
+    eliminate before pricing it."""
+    out = Problem(list(tables.bound.unary), {}, tables.problem.blocks)
+    for reads in reads_by_tensor(ng, tables.uses):
+        for use in reads:
+            shape = (len(tables.configs[use.src]), len(tables.configs[use.dst]))
+            out.add_edge(use.src, use.dst, np.broadcast_to(0.0, shape))
+    return out
 
 
 def phase_blocks(ng: NodeGraph) -> list[list[int]]:
@@ -275,8 +306,8 @@ def phase_blocks(ng: NodeGraph) -> list[list[int]]:
     return [fwd, bwd, upd]
 
 
-def _reads_by_tensor(ng: NodeGraph, uses: Sequence[EdgeUse]) -> list[list[EdgeUse]]:
-    """The distinct reads of each priced tensor (identical reads share every reshard step)."""
+def reads_by_tensor(ng: NodeGraph, uses: Sequence[EdgeUse]) -> list[list[EdgeUse]]:
+    """The distinct reads of each priced tensor (an identical read shares every step)."""
     groups: dict[int, dict[tuple, EdgeUse]] = {}
     for use in uses:
         tensor = ng.program.tensors[use.tensor]

@@ -37,7 +37,7 @@ class MLP(nn.Module):
         return x
 
 
-def _mlp_example(
+def mlp_example(
     name: str, cfg: dict[str, Any], dtype: Any, tx: optax.GradientTransformation
 ) -> Example:
     """Shared builder: ``cfg`` holds batch, in_features, features (last = num_classes)."""
@@ -63,7 +63,7 @@ _MLP_FULL = {"batch": 128, "in_features": 784, "features": (512, 512, 10), "lr":
 def mlp(batch: int | None, small: bool, dtype: Any) -> Example:
     """3-layer ReLU MLP trained with Adam."""
     cfg = pick(small, _MLP_SMALL, _MLP_FULL, batch)
-    return _mlp_example("mlp", cfg, dtype, optax.adam(cfg["lr"]))
+    return mlp_example("mlp", cfg, dtype, optax.adam(cfg["lr"]))
 
 
 # The Soybean MLP: five Dense(320) layers on 320 input features, batch 400, plain SGD.  It is
@@ -75,4 +75,4 @@ _SOYBEAN = {"batch": 400, "in_features": 320, "features": (320,) * 5, "lr": 0.1}
 def soybean_mlp(batch: int | None, small: bool, dtype: Any) -> Example:
     """5 x Dense(320) MLP, softmax cross-entropy over 320 classes, plain SGD."""
     cfg = pick(small, _SOYBEAN, _SOYBEAN, batch)
-    return _mlp_example("soybean_mlp", cfg, dtype, optax.sgd(cfg["lr"]))
+    return mlp_example("soybean_mlp", cfg, dtype, optax.sgd(cfg["lr"]))

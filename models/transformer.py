@@ -179,7 +179,7 @@ def gpt_small(batch: int | None, small: bool, dtype: Any) -> Example:
     return gpt_example("gpt_small", pick(small, _GPT_SMALL, _GPT_FULL, batch), dtype)
 
 
-def _gpt2(num_layers: int, d_model: int, num_heads: int, lr: float) -> dict[str, Any]:
+def gpt2_config(num_layers: int, d_model: int, num_heads: int, lr: float) -> dict[str, Any]:
     return {
         "batch": 8,
         "seq_len": 1024,
@@ -194,8 +194,8 @@ def _gpt2(num_layers: int, d_model: int, num_heads: int, lr: float) -> dict[str,
     }
 
 
-_GPT2_124M_FULL = _gpt2(12, 768, 12, 6e-4)
-_GPT2_1B3_FULL = _gpt2(24, 2048, 16, 2e-4)
+_GPT2_124M_FULL = gpt2_config(12, 768, 12, 6e-4)
+_GPT2_1B3_FULL = gpt2_config(24, 2048, 16, 2e-4)
 # Small versions: the same decoder (padded vocabulary included) at 2 layers.
 _GPT2_124M_SMALL = {
     **_GPT_SMALL,

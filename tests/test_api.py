@@ -195,3 +195,21 @@ def test_baselines_split_batchless_tensors_and_keep_optimizer_state_with_weights
             param = path.split("opt_state", 1)[0] + "params" + path.rsplit("trace", 1)[1]
             assert spec == owt.invar_specs[paths.index(param)], path
     assert not [c for c in owt.collectives if c.reason == "state-feedback"]
+
+
+@pytest.mark.api
+def test_public_api_is_declared_and_versioned():
+    """`__all__` is the public API, every name in it resolves, `jaxpar.verify` is reachable after
+    `import jaxpar`, and `__version__` is the package's version."""
+    import re
+    from pathlib import Path
+
+    assert sorted(jaxpar.__all__) == sorted(set(jaxpar.__all__))
+    for name in jaxpar.__all__:
+        assert getattr(jaxpar, name) is not None, name
+    assert callable(jaxpar.verify.fidelity)
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
+    assert jaxpar.__version__ == version
+    # no module is named like a public function (jaxpar.plan is the function)
+    assert callable(jaxpar.plan) and not hasattr(jaxpar.plan, "__path__")

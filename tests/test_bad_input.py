@@ -9,7 +9,6 @@ from jax.sharding import PartitionSpec as P
 
 import jaxpar
 import models
-from jaxpar.rules import _warned
 
 pytestmark = pytest.mark.api
 
@@ -97,7 +96,6 @@ def test_unknown_primitive_falls_back_replicated_with_one_warning(caplog):
         z = jax.lax.top_k(x * 2, 2)[0]
         return y + z
 
-    _warned.discard("top_k")
     x = jnp.arange(64.0).reshape(8, 8)
     with caplog.at_level(logging.WARNING, logger="jaxpar"):
         sharded = jaxpar.auto_shard(step, mesh=jaxpar.make_mesh({"data": 8}))
@@ -111,3 +109,98 @@ def test_unknown_primitive_falls_back_replicated_with_one_warning(caplog):
         if n.anchor >= 0 and sharded.plan.program.eqns[n.anchor].primitive == "top_k"
     ]
     assert top_nodes and all(n.space.replicated for n in top_nodes)
+
+
+# ---- public API argument checking: what is wrong, and how to fix it ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("mesh", "error", "match"),
+    [
+        ({"data": 0}, ValueError, r"mesh entry 'data': 0; axes are name -> positive int"),
+        ({"data": -2}, ValueError, r"mesh entry 'data': -2; axes are name -> positive int"),
+        ({"data": "2"}, ValueError, r"mesh entry 'data': '2'; axes are name -> positive int"),
+        ({"data": 2.0}, ValueError, r"mesh entry 'data': 2.0; axes are name -> positive int"),
+        ({1: 4}, ValueError, r"mesh entry 1: 4; axes are name -> positive int"),
+        ({}, ValueError, r"mesh=\{\} has no axes; give .*e\.g\. \{'data': 2, 'model': 4\}"),
+        (["data", 4], TypeError, r"mesh must be a dict of axis sizes .* not list"),
+        ((4,), TypeError, r"mesh must be a dict of axis sizes .* not tuple"),
+        ("data=4", TypeError, r"mesh must be a dict of axis sizes .* not str"),
+    ],
+)
+def test_plan_with_a_bad_mesh(mesh, error, match):
+    with pytest.raises(error, match=match):
+        jaxpar.plan(simple_step, W, X, mesh=mesh)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("strategy", "fast"), ("strategy", None), ("objective", "speed"), ("search", "bfs")],
+)
+def test_bad_option_names_fail_in_plan_and_auto_shard(option, value):
+    match = rf"{option}={value!r}; choose one of \("
+    with pytest.raises(ValueError, match=match):
+        jaxpar.plan(simple_step, W, X, mesh={"data": 4}, **{option: value})
+    with pytest.raises(ValueError, match=match):  # at decoration, not at the first call
+        jaxpar.auto_shard(simple_step, mesh=jaxpar.make_mesh({"data": 4}), **{option: value})
+
+
+def test_cluster_of_the_wrong_type():
+    with pytest.raises(TypeError, match=r"cluster must be a Cluster, a preset name \(p100, "):
+        jaxpar.plan(simple_step, W, X, mesh={"data": 4}, cluster=4)
+
+
+def test_function_that_is_not_callable():
+    with pytest.raises(ValueError, match=r"could not trace 3 .*'int' object is not callable"):
+        jaxpar.plan(3, W, X, mesh={"data": 4})
+
+
+@pytest.mark.parametrize(
+    "in_specs",
+    [(P(), None, None), {"w": P()}, [P(), None]],
+    ids=["too-many-entries", "dict-for-tuple", "list-for-tuple"],
+)
+def test_in_specs_that_is_not_a_prefix(in_specs):
+    with pytest.raises(ValueError, match=r"in_specs must be a pytree prefix of the arguments"):
+        jaxpar.plan(simple_step, W, X, mesh={"data": 4}, in_specs=in_specs)
+
+
+# Argument checks of the public API (jaxpar/meshes.py, jaxpar/apply.py, jaxpar/pins.py)
+
+
+def test_boolean_mesh_size_is_rejected():
+    # True is an int in Python: it must not plan a mesh of size 1
+    with pytest.raises(ValueError, match=r"mesh entry 'data': True"):
+        jaxpar.plan(simple_step, W, X, mesh={"data": True})
+
+
+def test_auto_shard_of_a_non_callable_fails_at_decoration():
+    with pytest.raises(TypeError, match=r"callable"):
+        jaxpar.auto_shard(3, mesh=jaxpar.make_mesh({"data": 4}))
+
+
+def test_auto_shard_with_a_dict_mesh_runs_or_says_to_use_make_mesh():
+    # today: jax's "is_fully_addressable is not implemented for AbstractMesh" at the first call
+    try:
+        step = jaxpar.auto_shard(simple_step, mesh={"data": 4})
+        step(jnp.ones((6, 3)), jnp.ones((12, 6)))
+    except (TypeError, ValueError) as err:
+        assert "make_mesh" in str(err), err
+
+
+def test_in_specs_string_instead_of_partition_spec():
+    # today: "in_specs for argument [0] ([6,3]) has 4 entries" (the letters of "data")
+    with pytest.raises((TypeError, ValueError), match=r"PartitionSpec"):
+        jaxpar.plan(simple_step, W, X, mesh={"data": 4}, in_specs="data")
+
+
+@pytest.mark.parametrize("axes", [{"data": 0}, {"data": "2"}])
+def test_make_mesh_with_bad_sizes(axes):
+    # today: {"data": 0} builds an empty mesh; {"data": "2"} fails inside numpy
+    with pytest.raises(ValueError, match=r"positive int"):
+        jaxpar.make_mesh(axes)
+
+
+def test_donate_argnums_of_the_wrong_type():
+    with pytest.raises(TypeError, match=r"donate_argnums"):
+        jaxpar.auto_shard(simple_step, donate_argnums="0")

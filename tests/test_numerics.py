@@ -1,4 +1,5 @@
-"""Tier (d) + (b): the auto-sharded step equals the unsharded one, and the compiled program's
+"""Numerics and closed-form tiers (docs/design.md, "Test tiers"): the auto-sharded step equals
+the unsharded one, and the compiled program's
 collectives are the plan's, for every model, mesh and strategy planned here."""
 
 import functools

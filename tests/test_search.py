@@ -1,4 +1,5 @@
-"""Tier (a): the elimination DP against brute-force enumeration (pure, no jax)."""
+"""Oracle tier (docs/design.md, "Test tiers"): the elimination DP against brute-force
+enumeration (pure, no jax)."""
 
 import numpy as np
 import pytest

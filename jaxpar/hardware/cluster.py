@@ -224,30 +224,97 @@ class Cluster:
     # ---- reporting ----------------------------------------------------------------------
 
     def describe(self) -> str:
-        """Human-readable table of the cluster's numbers and where each comes from."""
+        """Human-readable table of the cluster's numbers and where each comes from.
+
+        The header gives the size as `Cluster.preset` takes it and the layout (nodes, and which
+        link joins what); the link levels table says what each level spans. A one-node cluster
+        of a multi-node preset also lists the preset's link between nodes, which a cluster of
+        two or more nodes adds.
+        """
         if not self.groups:
             spec = self.device
             lines = [
                 f"cluster {self.name!r} ({self._size_label()}): {self.num_devices} x {spec.name}",
+                f"  layout: {self.layout_summary()}",
                 f"  device numbers: {spec.source or 'no source given'}",
                 *_spec_lines(spec),
             ]
         else:
             parts = " + ".join(f"{group.count} x {group.device.name}" for group in self.groups)
             kind = "heterogeneous" if self.heterogeneous else "one kind"
-            lines = [f"cluster {self.name!r} ({self._size_label()}, {kind}): {parts}"]
+            lines = [
+                f"cluster {self.name!r} ({self._size_label()}, {kind}): {parts}",
+                f"  layout: {self.layout_summary()}",
+            ]
             for index, ids in enumerate(self._group_slices()):
                 lines += self._group_lines(index, ids)
-        lines.append("  link levels, innermost first:")
+        spans = [self._level_span(index) for index in range(len(self.levels))]
+        missing = self._missing_network()
+        width = max(len(text) for text in [*spans, "spans", "between nodes (none here)"])
         lines.append(
-            f"    {'level':<14} {'group':>5} {'GB/s/dir':>9} {'latency':>9} {'shared':>6}  source"
+            "  link levels, innermost first (GB/s/dir: bandwidth per device and direction; "
+            "shared: devices sharing one port of the level):"
         )
-        for level in self.levels:
+        lines.append(
+            f"    {'level':<14} {'spans':<{width}} {'GB/s/dir':>9} {'latency':>9} {'shared':>6}"
+            f"  source"
+        )
+        rows = list(zip(self.levels, spans, strict=True))
+        if missing is not None:
+            rows.append((missing, "between nodes (none here)"))
+        for level, span in rows:
             lines.append(
-                f"    {level.name:<14} {level.group_size:>5} {level.bandwidth / GB:>9.2f} "
+                f"    {level.name:<14} {span:<{width}} {level.bandwidth / GB:>9.2f} "
                 f"{level.latency / US:>7.1f}us {level.shared_by:>6}  {level.source}"
             )
         return "\n".join(lines)
+
+    def layout_summary(self) -> str:
+        """One line: how many devices, in how many nodes, and which link joins what.
+
+        E.g. "8 devices in 2 nodes of 4: nvlink inside a node, infiniband between nodes". A
+        node is a group of the innermost level; a cluster with one level is one node (or one
+        flat network).
+        """
+        n, levels = self.num_devices, self.levels
+        devices = f"{n} device{'s' if n != 1 else ''}"
+        if len(levels) == 1:
+            text = f"{devices}, all joined by one link level ({levels[0].name})"
+            missing = self._missing_network()
+            if missing is not None:
+                text += f"; a cluster of 2 or more nodes adds {missing.name} between nodes"
+            return text
+        inner = levels[0].group_size
+        nodes = n // inner
+        links = [f"{levels[0].name} inside a node"]
+        for index in range(1, len(levels)):
+            if index == 1:
+                links.append(f"{levels[index].name} between nodes")
+            else:
+                per = levels[index - 1].group_size // inner
+                links.append(f"{levels[index].name} between groups of {per} nodes")
+        kinds = " (one device kind per node)" if self.heterogeneous else ""
+        return f"{devices} in {nodes} nodes of {inner}{kinds}: {', '.join(links)}"
+
+    def _level_span(self, index: int) -> str:
+        """What one group of level `index` holds, for describe()."""
+        size = self.levels[index].group_size
+        if len(self.levels) == 1:
+            one_node = self._missing_network() is not None  # a node of a multi-node preset
+            return f"inside a node of {size}" if one_node else f"all {size} devices"
+        if index == 0:
+            return f"inside a node of {size}"
+        inner = self.levels[index - 1].group_size
+        if index == 1:
+            return f"between {size // inner} nodes ({size} devices)"
+        return f"between {size // inner} blocks of {inner} ({size} devices)"
+
+    def _missing_network(self) -> LinkLevel | None:
+        """The preset's link between nodes when this is a one-level cluster of a multi-node
+        preset (so describe() still shows it); None otherwise."""
+        if len(self.levels) != 1 or self.name not in presets.preset_names():
+            return None
+        return presets.preset_network(self.name)
 
     def _group_lines(self, index: int, ids: slice) -> list[str]:
         """describe() rows of device group `index` (device ids `ids`): specs, caps, sources."""

@@ -66,7 +66,8 @@ _P100 = _Preset(
         # NCCL's tuning model (src/graph/tuning.cc, hwLat) puts a ring step on NVLink at
         # ~0.5-3.4 us depending on protocol; 1 us is the order of magnitude.
         latency=1 * US,
-        source="OptCNN §6 (NVLink in a node); NVLink 1.0: 20 GB/s/link/direction",
+        source="OptCNN §6 (NVLink in a node); NVLink 1.0: 20 GB/s/link/direction; latency: NCCL "
+        "tuning model (hwLat), NVLink ring step ~0.5-3.4 us",
     ),
     network=LinkLevel(
         name="infiniband",
@@ -76,7 +77,8 @@ _P100 = _Preset(
         latency=5 * US,
         # The paper does not say how many cards a node has; assume one, shared by its 4 GPUs.
         shared_by=4,
-        source="OptCNN §6: 100 Gb/s EDR InfiniBand between nodes (one HCA per node assumed)",
+        source="OptCNN §6: 100 Gb/s EDR InfiniBand between nodes (one HCA per node assumed); "
+        "latency: NCCL tuning model, network ring step ~2-14 us",
     ),
     summary="nodes of 4 x P100-SXM2 (NVLink), EDR InfiniBand between nodes (OptCNN §6)",
 )
@@ -106,7 +108,8 @@ _DGX_H100 = _Preset(
         # to any other GPU of the node (full-bandwidth switch).
         bandwidth=450 * GB,
         latency=1 * US,  # order of magnitude of NCCL's NVLink ring step (see the p100 preset)
-        source="DGX H100 datasheet: NVLink 4 / NVSwitch, 900 GB/s bidirectional per GPU",
+        source="DGX H100 datasheet: NVLink 4 / NVSwitch, 900 GB/s bidirectional per GPU; latency: "
+        "NCCL tuning model (order of magnitude)",
     ),
     network=LinkLevel(
         name="infiniband",
@@ -114,7 +117,8 @@ _DGX_H100 = _Preset(
         bandwidth=50 * GB,  # one 400 Gb/s ConnectX-7 per GPU = 50 GB/s per direction
         latency=5 * US,  # order of magnitude of NCCL's network ring step
         shared_by=1,  # 8 NICs for 8 GPUs: no sharing
-        source="DGX H100 datasheet: 8 x 400 Gb/s ConnectX-7 (NDR InfiniBand), one per GPU",
+        source="DGX H100 datasheet: 8 x 400 Gb/s ConnectX-7 (NDR InfiniBand), one per GPU; "
+        "latency: NCCL tuning model (order of magnitude)",
     ),
     summary="nodes of 8 x H100-SXM5 (NVLink 4 / NVSwitch), NDR InfiniBand between nodes",
 )
@@ -143,7 +147,7 @@ _CPU = _Preset(
         bandwidth=10 * GB,  # assumed memcpy rate between device buffers in one process
         # XLA:CPU collectives rendezvous across threads: tens of microseconds; assumed.
         latency=10 * US,
-        source="assumed in-process copy rate (not measured)",
+        source="assumed in-process copy rate and collective rendezvous latency (not measured)",
     ),
     network=None,
     summary="fake devices of one host CPU (jax_num_cpu_devices), assumed numbers",
@@ -232,7 +236,8 @@ _ACCPAR_NETWORK = LinkLevel(
     group_size=256,  # placeholder: set to the cluster size when built
     bandwidth=2 * GB,  # 16 Gb/s, the TPU-v3 board's b_i
     latency=0.0,  # AccPar's Eq. 7 has no latency term
-    source="AccPar §6.1: flat network, per-board data rate b_i (TPU-v2 8 Gb/s, TPU-v3 16 Gb/s)",
+    source="AccPar §6.1: flat network, per-board data rate b_i (TPU-v2 8 Gb/s, TPU-v3 16 Gb/s); "
+    "no latency (AccPar Eq. 7 has no latency term)",
 )
 _ACCPAR_TPU_V2 = DeviceGroup(
     name="tpu-v2",
@@ -302,11 +307,12 @@ _MIXED_GPU = _GroupedPreset(
     node_link=replace(
         _DGX_H100.node_link,
         source="DGX H100/A100 datasheets: NVSwitch in each node; 450 GB/s/direction (NVLink 4), "
-        "A100 nodes capped at 300 (NVLink 3)",
+        "A100 nodes capped at 300 (NVLink 3); latency: NCCL tuning model (order of magnitude)",
     ),
     network=replace(
         _DGX_H100.network,
-        source="DGX H100 datasheet: 400 Gb/s NDR per GPU; A100 nodes capped at 200 Gb/s HDR",
+        source="DGX H100 datasheet: 400 Gb/s NDR per GPU; A100 nodes capped at 200 Gb/s HDR; "
+        "latency: NCCL tuning model (order of magnitude)",
     ),
     summary="nodes of 8 x A100-SXM4 and nodes of 8 x H100-SXM5 in equal numbers, InfiniBand",
 )
@@ -335,6 +341,25 @@ _GPU_KINDS: tuple[tuple[str, str], ...] = (
 def preset_names() -> list[str]:
     """Names accepted by `Cluster.preset`: the homogeneous presets, then the grouped ones."""
     return [*_PRESETS, *_GROUPED_PRESETS]
+
+
+def preset_summary(name: str) -> str:
+    """One line saying what preset `name` is (devices, links, paper); unknown names raise."""
+    if name in _GROUPED_PRESETS:
+        return _GROUPED_PRESETS[name].summary
+    return _lookup_preset(name).summary
+
+
+def preset_network(name: str) -> LinkLevel | None:
+    """The link between the nodes of preset `name`, None for a one-host or flat preset.
+
+    `Cluster.describe` shows it for a one-node cluster of a multi-node preset, whose own levels
+    stop at the node. Unknown names raise the `Cluster.preset` error.
+    """
+    grouped = _GROUPED_PRESETS.get(name)
+    if grouped is not None:
+        return grouped.network if grouped.node_link is not None else None
+    return _lookup_preset(name).network
 
 
 def preset_layout(name: str, nodes: int = 1, devices: int | None = None) -> ClusterLayout:
@@ -422,7 +447,8 @@ def detect_layout(
 
 
 def size_label(name: str, num_devices: int, inner_size: int) -> str:
-    """How `Cluster.preset` would size a cluster: "nodes=2" or "devices=6".
+    """How `Cluster.preset` would size a cluster: "nodes=2", "nodes=1 of each kind" (a grouped
+    preset of whole nodes: `nodes=` counts the nodes of each device kind) or "devices=6".
 
     `inner_size` is the group size of the cluster's innermost level (devices per node).
     """
@@ -431,7 +457,8 @@ def size_label(name: str, num_devices: int, inner_size: int) -> str:
         per_size = grouped.node_link.group_size * len(grouped.kinds)
         full_nodes = inner_size == grouped.node_link.group_size
         if full_nodes and num_devices % per_size == 0:
-            return f"nodes={num_devices // per_size}"
+            # nodes= counts the nodes of each kind: say so, the cluster has `kinds` times more
+            return f"nodes={num_devices // per_size} of each kind"
     preset = _PRESETS.get(name)
     if preset is not None and preset.network is not None:
         per_node = preset.node_link.group_size

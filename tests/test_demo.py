@@ -1,0 +1,54 @@
+"""`jaxpar demo` end to end (docs/design.md, "Test tiers": api): part 1 trains a plan that really
+shards and passes its fidelity check; part 2 prints time and memory for auto and three hand
+plans."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.api, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def demo_output() -> str:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the demo sets its devices
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxpar", "demo", "--steps", "2"],
+        capture_output=True, text=True, timeout=600, env=env, check=True,
+    )  # fmt: skip
+    return out.stdout
+
+
+def test_small_part_shards_and_matches_the_compiled_program(demo_output):
+    part1 = demo_output.split("== 2.")[0]
+    losses = re.findall(r"loss ([\d.]+)\s+unsharded ([\d.]+)", part1)
+    assert len(losses) == 2
+    for sharded, unsharded in losses:
+        assert abs(float(sharded) - float(unsharded)) < 1e-4
+    compiled = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(
+            r"^\s+(all-\w+|collective-permute)\s+\d+\s+[\d.]+\s+(\d+)", part1, re.M
+        )
+    }
+    assert sum(compiled.values()) > 0, part1  # the compiled program communicates
+    assert re.search(r"total bytes/device: .*: ok$", part1, re.M), part1
+    # the plan shards state: some leaves are split
+    auto_state = re.search(r"^\s+auto\s+[\d.]+ \w?B\s+[\d.]+%\s+(\d+) of (\d+)", part1, re.M)
+    assert auto_state and int(auto_state.group(1)) > 0
+
+
+def test_big_part_prices_auto_and_three_hand_plans(demo_output):
+    part2 = demo_output.split("== 2.")[1]
+    for name in ("auto", "data", "model", "owt"):
+        row = re.search(
+            rf"^\s+{name}\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+([\d.]+) GB", part2, re.M
+        )
+        assert row, (name, part2)
+        assert float(row.group(1)) > 0 and float(row.group(2)) > 0
+    assert "gradient" in part2 and "largest state tensors" in part2
