@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .result import Plan
 
 _ROW_TERMS = ("t_C", "t_C_ratio", "t_X", "t_S", "bytes")
+_CONSTANT_LIKE = ("broadcast_in_dim", "iota")  # nodes that make constants, not a layer's work
 
 
 def layer_name(plan: Plan, node_index: int) -> str:
@@ -42,7 +43,16 @@ def layer_rows(plan: Plan) -> list[dict]:
             row[k] += getattr(r, k)
         prim = plan.program.eqns[node.anchor].primitive if node.anchor >= 0 else ""
         flops = sum(m.flops for m in node.members)
-        score = (prim in CONTRACTIONS, node.phase == FORWARD, flops)
+        # ties (pools, reshapes: no FLOPs counted) go to real work over constant-like nodes
+        # (a ReLU's broadcast zero), then to the largest result
+        size = plan.program.tensors[plan.program.eqns[node.anchor].outputs[0]].size if prim else 0
+        score = (
+            prim in CONTRACTIONS,
+            node.phase == FORWARD,
+            flops,
+            prim not in _CONSTANT_LIKE,
+            size,
+        )
         if row["rep"] is None or score > row["score"]:
             row["rep"], row["score"] = node.index, score
         if node.anchor >= 0:
