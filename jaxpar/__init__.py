@@ -11,20 +11,23 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     search   tables             -> elimination / descent, k-cut          search, kcut, baselines
     choose   searches           -> the plan, certified against a bound   choose, evaluate
     plan     assignment         -> Plan: layouts, cost, collectives      planner, result, pins
+    save     Plan               -> JSON file; PartitionSpecs to export   plan_file, plan_export
     report   Plan               -> text, JSON, figures                   report, figures
     apply    Plan               -> jitted step with constraints          apply, meshes
     verify   compiled HLO       -> the collectives XLA emitted           verify
 
 The pure core (`graph`, `rules`, `nodes`, `labels`, `configs`, `collectives`, `reshard`, `cost`,
-`tables`, `search`, `kcut`, `baselines`, `evaluate`, `hardware`) imports no jax.
+`tables`, `search`, `kcut`, `baselines`, `evaluate`, `verify`, `hardware`) imports no jax.
 """
 
-from . import verify
+from . import distributed, verify
 from .apply import AutoSharded, auto_shard
+from .distributed import MultiHostMismatch, global_batch
 from .evaluate import Collective, PlanCost
 from .hardware import Cluster, DeviceGroup, DeviceSpec, LinkLevel
-from .meshes import make_mesh
+from .meshes import detect_cluster, make_hardware_mesh, make_mesh
 from .options import PlannerOptions
+from .plan_file import PlanFile, PlanFileError, load_plan
 from .planner import plan
 from .result import Plan
 from .search import SearchBudget
@@ -37,12 +40,20 @@ __all__ = [
     "DeviceGroup",
     "DeviceSpec",
     "LinkLevel",
+    "MultiHostMismatch",
     "Plan",
     "PlanCost",
+    "PlanFile",
+    "PlanFileError",
     "PlannerOptions",
     "SearchBudget",
     "TraceError",
     "auto_shard",
+    "detect_cluster",
+    "distributed",
+    "global_batch",
+    "load_plan",
+    "make_hardware_mesh",
     "make_mesh",
     "plan",
     "verify",

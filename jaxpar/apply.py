@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from .configs import Spec, spec_of
 from .meshes import make_mesh
 from .options import PlannerOptions
+from .plan_file import as_plan_file, bind, check_mesh
 from .planner import make_plan, merge_options
 from .reshard import reshard_path
 from .result import Plan
@@ -99,7 +100,9 @@ class _Compiled:
 class AutoSharded:
     """A train step planned and sharded per input signature. See `auto_shard`."""
 
-    def __init__(self, fn, mesh, cluster, options: PlannerOptions, donate_argnums, in_specs):
+    def __init__(
+        self, fn, mesh, cluster, options: PlannerOptions, donate_argnums, in_specs, plan=None
+    ):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.mesh = mesh
@@ -107,6 +110,7 @@ class AutoSharded:
         self.options = options
         self.donate_argnums = tuple(donate_argnums)
         self.in_specs = in_specs
+        self.given_plan = plan  # a PlanFile to apply (no planning), or None
         self._cache: dict[Signature, _Compiled] = {}
         self._last: _Compiled | None = None
 
@@ -127,7 +131,13 @@ class AutoSharded:
         if sig in self._cache:
             self._last = self._cache[sig]
             return self._last
-        plan = make_plan(self.fn, args, self._mesh(), self.cluster, self.options, self.in_specs)
+        if self.given_plan is not None:
+            plan = bind(self.given_plan, self.fn, args, self._mesh(), self.cluster)
+        else:
+            plan = make_plan(self.fn, args, self._mesh(), self.cluster, self.options, self.in_specs)
+        from .distributed import check_plan  # mesh over several processes: all planned the same
+
+        check_plan(plan, args)  # else raises MultiHostMismatch (a no-op on one process)
         in_sh = [plan.named(s) for s in plan.invar_specs]
         out_sh = [plan.named(s) for s in plan.outvar_specs]
         flat_donate = self._flat_donate(args)
@@ -208,6 +218,7 @@ def auto_shard(
     donate_argnums: tuple[int, ...] | int = (),
     in_specs: Any = None,
     options: PlannerOptions | None = None,
+    plan: Any = None,
 ) -> Any:
     """Decorate a train step: plan it per input signature and run it sharded on ``mesh``.
 
@@ -215,6 +226,12 @@ def auto_shard(
     with arguments. ``in_specs``: optional pytree prefix of PartitionSpecs pinning argument
     layouts (None leaves free). ``search``: "elimination" (joint, default) or "kcut" (SoyBean's
     one cut per mesh axis, slowest interconnect first); see `PlannerOptions`.
+
+    ``plan``: a `Plan`, a loaded plan file (`jaxpar.load_plan`) or a plan file's path: apply it
+    instead of planning (`plan_file.bind`: re-trace, check, pin every node; nothing searched).
+    A call whose arguments have another signature, or a mesh with other axis names or sizes,
+    raises `PlanFileError` saying what differs; ``strategy``/``objective``/``search`` are then
+    the plan's, and ``in_specs`` cannot be given.
     """
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
@@ -228,12 +245,18 @@ def auto_shard(
             f"abstract; jaxpar.plan takes one)"
         )
     opts = merge_options(options, strategy, objective, search)
+    if plan is not None:
+        if in_specs is not None:
+            raise ValueError("give plan= or in_specs=, not both: a given plan fixes every layout")
+        plan = as_plan_file(plan)  # a path is read and validated now
+        if mesh is not None:
+            check_mesh(plan, mesh)
 
     def wrap(f: Any) -> AutoSharded:
         if not callable(f):
             raise TypeError(
                 f"auto_shard decorates a callable (the train step), got {type(f).__name__} {f!r}"
             )
-        return AutoSharded(f, mesh, cluster, opts, donate_argnums, in_specs)
+        return AutoSharded(f, mesh, cluster, opts, donate_argnums, in_specs, plan)
 
     return wrap(fn) if fn is not None else wrap

@@ -85,7 +85,7 @@ def is_contraction(ng: NodeGraph, node: Node) -> bool:
     return node.anchor >= 0 and ng.program.eqns[node.anchor].primitive in CONTRACTIONS
 
 
-def _tensor_dims(ng: NodeGraph, node: Node) -> list[tuple[int, int]]:
+def tensor_dims(ng: NodeGraph, node: Node) -> list[tuple[int, int]]:
     """(tensor dim size, iteration dim) of every tensor dim the node's members touch."""
     out: list[tuple[int, int]] = []
     tensors = ng.program.tensors
@@ -114,7 +114,7 @@ def node_configs(
     replicated = (-1,) * len(sizes)
     if node.fixed:
         return [replicated]
-    cfgs = enumerate_configs(node.space, sizes, _tensor_dims(ng, node))
+    cfgs = enumerate_configs(node.space, sizes, tensor_dims(ng, node))
     if full_contractions and is_contraction(ng, node):
         cfgs = [c for c in cfgs if all(d >= 0 for d in c)] or cfgs
     return cfgs or [replicated]

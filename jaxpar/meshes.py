@@ -1,10 +1,13 @@
 """Meshes on the jax side: build one, describe one, and pick the cluster a mesh runs on.
 
-`describe_mesh` turns what a user passes as a mesh (a dict {name: size}, a jax `Mesh`, or an
-`AbstractMesh`) into a `MeshDescription`: the mesh to build shardings with, its axis names
-and sizes, and where known its devices' ids, platform and kind. `resolve_cluster` is the one
-place that turns a cluster argument (a `Cluster`, a preset name, or None) into the `Cluster`
-for a described mesh. Everything after that is pure: `jaxpar.hardware.mesh_model`.
+`make_mesh` lays devices out in order; `make_hardware_mesh` the way the hardware wants them
+(ICI axes inside a slice, DCN axes across slices). `detect_cluster` reads `jax.devices()` into
+the pure `Cluster.detect`. `describe_mesh` turns what a user passes as a mesh (a dict
+{name: size}, a jax `Mesh`, or an `AbstractMesh`) into a `MeshDescription`: the mesh to build
+shardings with, its axis names and sizes, and where known its devices' ids, platform and kind.
+`resolve_cluster` is the one place that turns a cluster argument (a `Cluster`, a preset name, or
+None) into the `Cluster` for a described mesh. Everything after that is pure:
+`jaxpar.hardware.mesh_model`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from .hardware.cluster import Cluster
-from .hardware.presets import preset_sizing
+from .hardware.presets import DeviceInfo, preset_sizing
 
 ABSTRACT = "abstract"  # MeshDescription.platform of a mesh without devices
 
@@ -146,10 +149,93 @@ def _detect(desc: MeshDescription) -> Cluster:
     """The cluster of a mesh's own devices (cpu preset for an abstract mesh)."""
     if desc.device_ids is None:
         return Cluster.preset("cpu", devices=desc.num_devices)
-    assert isinstance(desc.mesh, Mesh) and desc.device_kind is not None
-    devices = desc.mesh.devices.reshape(-1)
-    host = devices[0].process_index
-    per_host = sum(1 for d in devices if d.process_index == host)
-    return Cluster.from_device_kind(
-        desc.platform, desc.device_kind, len(devices), devices_per_node=per_host
+    assert isinstance(desc.mesh, Mesh)
+    return detect_cluster(desc.mesh.devices.reshape(-1).tolist())
+
+
+def device_info(device: Any) -> DeviceInfo:
+    """What `Cluster.detect` reads of one jax device: platform, kind, id, process, slice, coords.
+
+    `slice_index` and `coords` are TPU attributes; other devices report None.
+    """
+    coords = getattr(device, "coords", None)
+    return DeviceInfo(
+        platform=device.platform,
+        device_kind=device.device_kind,
+        id=int(device.id),
+        process_index=int(getattr(device, "process_index", 0)),
+        slice_index=getattr(device, "slice_index", None),
+        coords=tuple(int(c) for c in coords) if coords is not None else None,
     )
+
+
+def detect_cluster(devices: Any = None) -> Cluster:
+    """The cluster of `devices` (default `jax.devices()`), with what it assumed.
+
+    Reads each device's kind, process, slice and coords (`device_info`) and hands them to the
+    pure `Cluster.detect`; `cluster.assumptions` (also in `describe()`) says what was assumed.
+    On a CPU host this is the cpu preset, with a note that its numbers are assumed.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    return Cluster.detect([device_info(d) for d in devices])
+
+
+def make_hardware_mesh(
+    ici: dict[str, int], dcn: dict[str, int] | None = None, devices: Any = None
+) -> Mesh:
+    """An `AxisType.Auto` mesh laid out the way the hardware wants it.
+
+    ``ici``: {name: size} of the axes inside one slice (or host group), innermost (most
+    communication) last. ``dcn``: {name: slices} of the axes across slices; a name also in
+    ``ici`` multiplies that axis (its size is dcn x ici, slices outermost), a new name is an
+    axis of its own, placed before the ici axes. ``devices``: default ``jax.devices()``.
+
+    Slices are the devices' ``slice_index`` (TPU Multislice), else their processes; the layout
+    inside a slice is `jax.experimental.mesh_utils` (physical torus order on TPU). On devices
+    without slices or processes to split by (the simulated CPU devices), consecutive blocks of
+    the device list stand in for slices: the same layout, from a plain reshape.
+    """
+    dcn = {} if dcn is None else dcn
+    for part in (ici, dcn):
+        if not isinstance(part, dict):
+            raise TypeError(
+                f"make_hardware_mesh takes dicts of axis sizes, e.g. ici={{'chip': 4}}, "
+                f"dcn={{'slice': 2}}, not {part!r}"
+            )
+    check_axes(ici)
+    if dcn:
+        check_axes(dcn)
+    names = [n for n in dcn if n not in ici] + list(ici)
+    ici_shape = [ici.get(n, 1) for n in names]
+    dcn_shape = [dcn.get(n, 1) for n in names]
+    sizes = {n: i * d for n, i, d in zip(names, ici_shape, dcn_shape, strict=True)}
+    devices = list(jax.devices() if devices is None else devices)
+    need = math.prod(sizes.values())
+    if need > len(devices):
+        make_mesh(sizes, devices)  # raises the too-few-devices error with its fix
+    devices = devices[:need]
+    arr = _hardware_layout(ici_shape, dcn_shape, devices)
+    return Mesh(arr, tuple(names), axis_types=(AxisType.Auto,) * len(names))
+
+
+def _hardware_layout(ici_shape: list[int], dcn_shape: list[int], devices: list) -> np.ndarray:
+    """Device array of shape ici x dcn (elementwise), each slice a contiguous ici block."""
+    from jax.experimental import mesh_utils
+
+    slices = math.prod(dcn_shape)
+    on_accelerator = devices[0].platform != "cpu"
+    if on_accelerator and slices > 1:
+        by_slice = all(getattr(d, "slice_index", None) is not None for d in devices)
+        by_process = len({d.process_index for d in devices}) == slices
+        if by_slice or by_process:
+            return mesh_utils.create_hybrid_device_mesh(
+                ici_shape, dcn_shape, devices, process_is_granule=not by_slice
+            )
+    if on_accelerator and slices == 1:
+        return mesh_utils.create_device_mesh(ici_shape, devices)
+    # Plain reshape: block k of the device list is slice k, laid out (dcn..., ici...) and then
+    # interleaved so that axis a's index is dcn_index * ici_size + ici_index.
+    arr = np.array(devices, dtype=object).reshape(*dcn_shape, *ici_shape)
+    k = len(ici_shape)
+    arr = arr.transpose([i for a in range(k) for i in (a, k + a)])
+    return arr.reshape([d * i for d, i in zip(dcn_shape, ici_shape, strict=True)])

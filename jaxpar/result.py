@@ -195,6 +195,28 @@ class Plan:
     def to_json(self) -> str:
         return report.plan_json(self)
 
+    # ---- plans as artifacts (see `plan_file`) ---------------------------------------------
+
+    def save(self, path: Any) -> None:
+        """Write the plan as a plan file (versioned JSON); ``jaxpar.load_plan`` reads it and
+        ``auto_shard(fn, mesh=mesh, plan=...)`` applies it without planning again."""
+        from . import plan_file
+
+        plan_file.save(self, path)
+
+    def partition_specs(self) -> Any:
+        """Pytree (like the arguments) of PartitionSpec; None at static leaves."""
+        from . import plan_export
+
+        return plan_export.partition_specs(self)
+
+    def export_specs(self) -> Any:
+        """Argument and result PartitionSpec pytrees, a path -> spec listing, and logical-axis
+        rules where expressible (`plan_export.ExportedSpecs`): to run the plan without jaxpar."""
+        from . import plan_export
+
+        return plan_export.export_specs(self)
+
     def __repr__(self) -> str:
         c = self.cost
         return (

@@ -28,6 +28,13 @@ def test_presets_lists_the_documented_names() -> None:
         "p100",
         "dgx-h100",
         "cpu",
+        "dgx-a100",
+        "dgx-h200",
+        "dgx-b200",
+        "tpu-v4",
+        "tpu-v5e",
+        "tpu-v5p",
+        "tpu-v6e",
         "accpar-tpu",
         "accpar-tpu-homogeneous",
         "mixed-gpu",
@@ -274,7 +281,7 @@ def test_unknown_gpu_kind_warns_and_uses_a_generic_spec() -> None:
     assert cluster.num_devices == 2
     assert cluster.device_spec(1).flops("float32") > 0
     with pytest.warns(UserWarning, match="tpu"):
-        Cluster.from_device_kind("tpu", "TPU v4", 4)
+        Cluster.from_device_kind("tpu", "TPU v3", 4)
     with pytest.raises(ValueError, match="platform"):
         Cluster.from_device_kind("metal", "Apple M2", 1)
 

@@ -71,7 +71,8 @@ def test_reshape_maps_major_dims():
 PURE_CORE = (
     "graph", "rules", "nodes", "labels", "configs", "collectives", "reshard", "cost", "tables",
     "search", "kcut", "baselines", "evaluate", "verify", "hardware", "hardware.devices",
-    "hardware.presets", "hardware.cluster", "hardware.mesh_model", "hardware.speeds",
+    "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
+    "hardware.speeds",
 )  # fmt: skip
 
 

@@ -39,14 +39,15 @@ Pure module: numpy only, no jax import; `from_device_kind` takes the strings jax
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
 
 from . import presets
 from .devices import GB, TFLOPS, US, DeviceGroup, DeviceSpec, LinkLevel
+from .presets import DeviceInfo
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class Cluster:
     # Unless the cluster has a single, flat level, every block of the innermost level (a node)
     # lies inside one group. Build with Cluster.from_groups to get `device` and `num_devices`.
     groups: tuple[DeviceGroup, ...] = ()
+    # What `Cluster.detect` assumed, one sentence each (shown by describe). Not compared: two
+    # clusters with the same devices and links price plans the same however they were found.
+    assumptions: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple(self.levels))
@@ -81,12 +85,21 @@ class Cluster:
         return presets.preset_names()
 
     @classmethod
-    def preset(cls, name: str, nodes: int = 1, *, devices: int | None = None) -> Cluster:
-        """A documented cluster.
+    def preset(
+        cls, name: str, nodes: int = 1, *, devices: int | None = None, slices: int = 1
+    ) -> Cluster:
+        """A documented cluster (`Cluster.presets()`; `jaxpar clusters` prints every number).
 
-        Homogeneous: "p100" (OptCNN §6), "dgx-h100", "cpu". `nodes` picks how many nodes a GPU
-        preset has. `devices` sizes the "cpu" preset (default 8), and for a GPU preset asks for
-        part of one node (devices <= per node) or a whole number of nodes.
+        Homogeneous: "p100" (OptCNN §6), "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "cpu".
+        `nodes` picks how many nodes a GPU preset has. `devices` sizes the "cpu" preset (default
+        8), and for a GPU preset asks for part of one node (devices <= per node) or a whole
+        number of nodes.
+
+        TPU slices: "tpu-v4", "tpu-v5p" (3-D torus), "tpu-v5e", "tpu-v6e" (2-D torus). ICI joins
+        the chips of a slice, DCN joins `slices` slices (Multislice). `devices` is the total
+        chip count, split into `slices` equal slices of whole hosts; without it `nodes` is the
+        hosts per slice (default one host). E.g. `Cluster.preset("tpu-v5p", devices=8192,
+        slices=4)`: 4 slices of 2,048 chips.
 
         Heterogeneous, devices of each kind in equal numbers, slowest kind first (lowest ids):
 
@@ -98,7 +111,21 @@ class Cluster:
           one A100 node + one H100 node). `devices=N` (even) gives N/2 of each kind: part of
           one node each (N <= 16) or whole nodes (N a multiple of 16).
         """
-        return cls(*presets.preset_layout(name, nodes, devices))
+        return cls(*presets.preset_layout(name, nodes, devices, slices))
+
+    @classmethod
+    def detect(cls, devices: Sequence[DeviceInfo | Mapping]) -> Cluster:
+        """The cluster of the devices described, and what was assumed (`assumptions`).
+
+        Pure: each device is a `DeviceInfo` (or a dict of its fields) with the platform, device
+        kind, id, process index, and for TPUs the slice index and coords that jax reports
+        (`jaxpar.meshes.detect_cluster` reads them from `jax.devices()`). CPU devices give the
+        "cpu" preset; TPU chips a TPU preset with one slice per slice index (DCN between
+        slices); GPUs a DGX preset whose nodes are one process's devices. Unknown kinds get
+        placeholder numbers and a warning.
+        """
+        layout, notes = presets.detect_devices(devices)
+        return cls(*layout, assumptions=notes)
 
     @classmethod
     def from_groups(
@@ -123,8 +150,9 @@ class Cluster:
         """The cluster for devices jax reports (`jax.devices()[0].platform` / `.device_kind`).
 
         `devices_per_node` is `jax.local_device_count()` when known; without it a GPU preset's
-        own node size is assumed. Unrecognised GPU and TPU kinds get placeholder numbers and a
-        warning (TPU interconnect topology is not modelled).
+        own node size is assumed. TPU chips are one slice of their preset (ICI only; use
+        `Cluster.detect` for Multislice). Unrecognised kinds get placeholder numbers and a
+        warning.
         """
         layout = presets.detect_layout(platform, device_kind, num_devices, devices_per_node)
         return cls(*layout)
@@ -248,9 +276,13 @@ class Cluster:
             ]
             for index, ids in enumerate(self._group_slices()):
                 lines += self._group_lines(index, ids)
+        lines += self._topology_lines()
+        lines += [f"  assumed: {note}" for note in self.assumptions]
+        unit = self._unit()
+        none_here = f"between {unit}s (none here)"
         spans = [self._level_span(index) for index in range(len(self.levels))]
         missing = self._missing_network()
-        width = max(len(text) for text in [*spans, "spans", "between nodes (none here)"])
+        width = max(len(text) for text in [*spans, "spans", none_here])
         lines.append(
             "  link levels, innermost first (GB/s/dir: bandwidth per device and direction; "
             "shared: devices sharing one port of the level):"
@@ -261,7 +293,7 @@ class Cluster:
         )
         rows = list(zip(self.levels, spans, strict=True))
         if missing is not None:
-            rows.append((missing, "between nodes (none here)"))
+            rows.append((missing, none_here))
         for level, span in rows:
             lines.append(
                 f"    {level.name:<14} {span:<{width}} {level.bandwidth / GB:>9.2f} "
@@ -274,39 +306,58 @@ class Cluster:
 
         E.g. "8 devices in 2 nodes of 4: nvlink inside a node, infiniband between nodes". A
         node is a group of the innermost level; a cluster with one level is one node (or one
-        flat network).
+        flat network). TPU presets say "slice" (ICI inside, DCN between) instead of "node".
         """
-        n, levels = self.num_devices, self.levels
+        n, levels, unit = self.num_devices, self.levels, self._unit()
         devices = f"{n} device{'s' if n != 1 else ''}"
         if len(levels) == 1:
             text = f"{devices}, all joined by one link level ({levels[0].name})"
             missing = self._missing_network()
             if missing is not None:
-                text += f"; a cluster of 2 or more nodes adds {missing.name} between nodes"
+                text += f"; a cluster of 2 or more {unit}s adds {missing.name} between {unit}s"
             return text
         inner = levels[0].group_size
         nodes = n // inner
-        links = [f"{levels[0].name} inside a node"]
+        links = [f"{levels[0].name} inside a {unit}"]
         for index in range(1, len(levels)):
             if index == 1:
-                links.append(f"{levels[index].name} between nodes")
+                links.append(f"{levels[index].name} between {unit}s")
             else:
                 per = levels[index - 1].group_size // inner
-                links.append(f"{levels[index].name} between groups of {per} nodes")
+                links.append(f"{levels[index].name} between groups of {per} {unit}s")
         kinds = " (one device kind per node)" if self.heterogeneous else ""
-        return f"{devices} in {nodes} nodes of {inner}{kinds}: {', '.join(links)}"
+        return f"{devices} in {nodes} {unit}s of {inner}{kinds}: {', '.join(links)}"
+
+    def _unit(self) -> str:
+        """What a block of the innermost level is called: "slice" (TPU ICI) or "node"."""
+        return "slice" if self.levels[0].name == "ici" else "node"
+
+    def _topology_lines(self) -> list[str]:
+        """describe() rows of a TPU preset: the torus and how the model simplifies it."""
+        tpu = presets.slice_preset(self.name)
+        if tpu is None or self.levels[0].name != "ici":
+            return []
+        return [
+            f"  topology: {tpu.torus} ICI, {tpu.links_per_chip} links per chip at "
+            f"{tpu.ici_link / GB:.0f} GB/s per link and direction; {tpu.chips_per_host} chips "
+            f"per host; at most {tpu.max_slice} chips per slice",
+            f"  model: an axis inside a slice gets a ring along one torus dimension, 2 links "
+            f"per chip ({2 * tpu.ici_link / GB:.0f} GB/s); an axis across slices gets DCN, one "
+            f"host's NICs shared by its {tpu.chips_per_host} chips (simplified: no link sharing "
+            f"between axes, wraparound assumed)",
+        ]
 
     def _level_span(self, index: int) -> str:
         """What one group of level `index` holds, for describe()."""
-        size = self.levels[index].group_size
+        size, unit = self.levels[index].group_size, self._unit()
         if len(self.levels) == 1:
             one_node = self._missing_network() is not None  # a node of a multi-node preset
-            return f"inside a node of {size}" if one_node else f"all {size} devices"
+            return f"inside a {unit} of {size}" if one_node else f"all {size} devices"
         if index == 0:
-            return f"inside a node of {size}"
+            return f"inside a {unit} of {size}"
         inner = self.levels[index - 1].group_size
         if index == 1:
-            return f"between {size // inner} nodes ({size} devices)"
+            return f"between {size // inner} {unit}s ({size} devices)"
         return f"between {size // inner} blocks of {inner} ({size} devices)"
 
     def _missing_network(self) -> LinkLevel | None:

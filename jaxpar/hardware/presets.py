@@ -1,11 +1,19 @@
-"""Datasheet presets: the clusters `Cluster.preset` builds, every number with its source.
+"""Sizing the datasheet presets into clusters (`Cluster.preset`), and detecting one from devices.
 
-Homogeneous presets ("p100", "dgx-h100", "cpu") are one device kind in nodes; grouped presets
-("accpar-tpu", "accpar-tpu-homogeneous", "mixed-gpu") hold several kinds in equal numbers,
-slowest first. `preset_layout` sizes a preset (nodes= or devices=), `detect_layout` picks one
-for the strings jax reports (`platform`, `device_kind`), and `preset_sizing` gives the smallest
-size of a preset that holds a mesh. They return a `ClusterLayout`, the arguments of `Cluster`,
-so this module does not depend on the topology model; `cluster.Cluster` builds from them.
+The numbers and their sources live in `datasheets.py`; this module is the machinery. Node
+presets ("p100", "dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "cpu") are one device kind in
+nodes; slice presets ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e") are TPU slices on an ICI torus,
+joined by DCN when there are several (`slices=`); grouped presets ("accpar-tpu",
+"accpar-tpu-homogeneous", "mixed-gpu") hold several kinds in equal numbers, slowest first.
+
+- `preset_layout` sizes a preset (nodes=, devices=, slices=);
+- `detect_layout` picks one for the strings jax reports (`platform`, `device_kind`);
+- `detect_devices` builds one from plain descriptions of the devices (`DeviceInfo`: kind,
+  process, slice, coords) and says what it assumed;
+- `preset_sizing` gives the smallest size of a preset that holds a mesh.
+
+They return a `ClusterLayout`, the arguments of `Cluster`, so this module does not depend on the
+topology model; `cluster.Cluster` builds from them.
 
 Pure module: no jax import (not even numpy).
 """
@@ -14,10 +22,22 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from .devices import GB, TFLOPS, US, DeviceGroup, DeviceSpec, LinkLevel
+from .datasheets import (
+    GENERIC_ACCELERATOR,
+    GPU_KINDS,
+    GROUPED_PRESETS,
+    NODE_PRESETS,
+    SLICE_PRESETS,
+    TPU_KINDS,
+    GroupedPreset,
+    NodePreset,
+    SlicePreset,
+)
+from .devices import DeviceGroup, DeviceSpec, LinkLevel
 
 
 class ClusterLayout(NamedTuple):
@@ -31,343 +51,79 @@ class ClusterLayout(NamedTuple):
 
 
 @dataclass(frozen=True)
-class _Preset:
-    """How to build one family of clusters (a preset, or a detected device kind)."""
+class DeviceInfo:
+    """One device as `Cluster.detect` reads it: plain data, what a jax device reports."""
 
-    device: DeviceSpec  # the device every member has
-    node_link: LinkLevel  # link inside one node; its group_size is the devices per node
-    network: LinkLevel | None  # link between nodes; None for a single-host family (cpu)
-    summary: str  # one line for error messages and Cluster.describe
-
-
-# P100: NVIDIA Tesla P100 datasheet (SXM2 16GB); the paper's cluster is OptCNN §6
-# "Experimental setup": 4 nodes x 4 P100, NVLink inside a node, 100 Gb/s EDR InfiniBand.
-_P100 = _Preset(
-    device=DeviceSpec(
-        name="P100-SXM2-16GB",
-        peak_flops={
-            "float64": 5.3 * TFLOPS,  # datasheet
-            "float32": 10.6 * TFLOPS,  # datasheet
-            "float16": 21.2 * TFLOPS,  # datasheet
-            # Pascal has no bfloat16 units; XLA computes bf16 in f32, so the f32 rate.
-            "bfloat16": 10.6 * TFLOPS,
-        },
-        mem_bandwidth=732 * GB,  # datasheet: CoWoS HBM2 at 732 GB/s
-        memory_bytes=16 * GB,  # datasheet "16 GB" (decimal: a little under the usable size)
-        source="NVIDIA Tesla P100 (SXM2) datasheet",
-    ),
-    node_link=LinkLevel(
-        name="nvlink",
-        group_size=4,  # OptCNN §6: four P100 per node
-        # NVLink 1.0: 20 GB/s per link per direction (4 links, 160 GB/s bidirectional total).
-        # In a 4-GPU NVLink quad (DGX-1 hybrid cube-mesh) each GPU pair shares one link, so a
-        # ring step uses one link: 20 GB/s. Conservative: NCCL can run rings on several links.
-        bandwidth=20 * GB,
-        # NCCL's tuning model (src/graph/tuning.cc, hwLat) puts a ring step on NVLink at
-        # ~0.5-3.4 us depending on protocol; 1 us is the order of magnitude.
-        latency=1 * US,
-        source="OptCNN §6 (NVLink in a node); NVLink 1.0: 20 GB/s/link/direction; latency: NCCL "
-        "tuning model (hwLat), NVLink ring step ~0.5-3.4 us",
-    ),
-    network=LinkLevel(
-        name="infiniband",
-        group_size=8,  # placeholder: set to the cluster size when built
-        bandwidth=12.5 * GB,  # OptCNN §6: 100 Gb/s EDR InfiniBand = 12.5 GB/s per direction
-        # NCCL's tuning model puts a network ring step at ~2-14 us; 5 us is typical for EDR.
-        latency=5 * US,
-        # The paper does not say how many cards a node has; assume one, shared by its 4 GPUs.
-        shared_by=4,
-        source="OptCNN §6: 100 Gb/s EDR InfiniBand between nodes (one HCA per node assumed); "
-        "latency: NCCL tuning model, network ring step ~2-14 us",
-    ),
-    summary="nodes of 4 x P100-SXM2 (NVLink), EDR InfiniBand between nodes (OptCNN §6)",
-)
-
-# H100: NVIDIA H100 Tensor Core GPU datasheet (SXM5 column; tensor rates are dense, i.e. half
-# the "with sparsity" figures) and the NVIDIA DGX H100 datasheet / user guide.
-_DGX_H100 = _Preset(
-    device=DeviceSpec(
-        name="H100-SXM5-80GB",
-        peak_flops={
-            "float64": 67 * TFLOPS,  # FP64 tensor core
-            "float32": 67 * TFLOPS,  # FP32 (CUDA cores)
-            "tensorfloat32": 494.7 * TFLOPS,  # TF32 tensor core, dense (989.4 sparse)
-            "bfloat16": 989.4 * TFLOPS,  # BF16 tensor core, dense (1,979 sparse)
-            "float16": 989.4 * TFLOPS,  # FP16 tensor core, dense (1,979 sparse)
-            "float8_e4m3fn": 1978.9 * TFLOPS,  # FP8 tensor core, dense (3,958 sparse)
-            "float8_e5m2": 1978.9 * TFLOPS,  # FP8 tensor core, dense (3,958 sparse)
-        },
-        mem_bandwidth=3.35e12,  # datasheet: HBM3 at 3.35 TB/s
-        memory_bytes=80 * GB,  # datasheet: 80 GB
-        source="NVIDIA H100 datasheet (SXM5; dense tensor-core rates)",
-    ),
-    node_link=LinkLevel(
-        name="nvlink",
-        group_size=8,  # DGX H100: eight GPUs per node
-        # NVLink 4 through NVSwitch: 900 GB/s bidirectional per GPU = 450 GB/s per direction,
-        # to any other GPU of the node (full-bandwidth switch).
-        bandwidth=450 * GB,
-        latency=1 * US,  # order of magnitude of NCCL's NVLink ring step (see the p100 preset)
-        source="DGX H100 datasheet: NVLink 4 / NVSwitch, 900 GB/s bidirectional per GPU; latency: "
-        "NCCL tuning model (order of magnitude)",
-    ),
-    network=LinkLevel(
-        name="infiniband",
-        group_size=16,  # placeholder: set to the cluster size when built
-        bandwidth=50 * GB,  # one 400 Gb/s ConnectX-7 per GPU = 50 GB/s per direction
-        latency=5 * US,  # order of magnitude of NCCL's network ring step
-        shared_by=1,  # 8 NICs for 8 GPUs: no sharing
-        source="DGX H100 datasheet: 8 x 400 Gb/s ConnectX-7 (NDR InfiniBand), one per GPU; "
-        "latency: NCCL tuning model (order of magnitude)",
-    ),
-    summary="nodes of 8 x H100-SXM5 (NVLink 4 / NVSwitch), NDR InfiniBand between nodes",
-)
-
-# CPU: the fake devices of one host (`jax_num_cpu_devices`). Modest assumed numbers, not a
-# measurement: they only need the right proportions so plans for tests look sensible.
-_CPU = _Preset(
-    device=DeviceSpec(
-        name="host-cpu",
-        peak_flops={
-            # Assumed ~50 GFLOP/s per fake device: one or two AVX2 cores' share (a core with two
-            # FMA units peaks at 32 f32 FLOP/cycle, ~80 GFLOP/s at 2.5 GHz; XLA gets less).
-            "float32": 50e9,
-            "float64": 25e9,  # half the f32 SIMD lanes
-            # XLA:CPU upcasts 16-bit floats to f32 for arithmetic: same rate.
-            "bfloat16": 50e9,
-            "float16": 50e9,
-        },
-        mem_bandwidth=20 * GB,  # assumed: one DDR4/DDR5 channel's worth per device
-        memory_bytes=4 * GB,  # assumed share of host RAM per fake device
-        source="assumed modest host-CPU numbers (not measured)",
-    ),
-    node_link=LinkLevel(
-        name="shared-memory",
-        group_size=8,  # placeholder: set to the device count when built
-        bandwidth=10 * GB,  # assumed memcpy rate between device buffers in one process
-        # XLA:CPU collectives rendezvous across threads: tens of microseconds; assumed.
-        latency=10 * US,
-        source="assumed in-process copy rate and collective rendezvous latency (not measured)",
-    ),
-    network=None,
-    summary="fake devices of one host CPU (jax_num_cpu_devices), assumed numbers",
-)
-
-# Unknown accelerators: placeholder numbers (an A100 PCIe 40GB datasheet, PCIe 4.0 between
-# devices, 100 Gb/s between hosts) so planning still works; a warning says so.
-_GENERIC_ACCELERATOR = _Preset(
-    device=DeviceSpec(
-        name="generic-accelerator",
-        peak_flops={
-            "float64": 9.7 * TFLOPS,  # A100 PCIe datasheet
-            "float32": 19.5 * TFLOPS,  # A100 PCIe datasheet
-            "tensorfloat32": 156 * TFLOPS,  # dense
-            "bfloat16": 312 * TFLOPS,  # dense
-            "float16": 312 * TFLOPS,  # dense
-        },
-        mem_bandwidth=1555 * GB,  # A100 PCIe 40GB datasheet
-        memory_bytes=40 * GB,  # A100 PCIe 40GB datasheet
-        source="placeholder (A100 PCIe 40GB datasheet) for an unrecognised device kind",
-    ),
-    node_link=LinkLevel(
-        name="pcie",
-        group_size=8,  # assumed devices per host unless devices_per_node says otherwise
-        bandwidth=25 * GB,  # PCIe 4.0 x16: 32 GB/s raw per direction, ~25 GB/s achieved
-        latency=2 * US,  # NCCL's PCI ring step is ~1-5 us
-        source="placeholder: PCIe 4.0 x16 between devices of a host",
-    ),
-    network=LinkLevel(
-        name="network",
-        group_size=16,  # placeholder: set to the cluster size when built
-        bandwidth=12.5 * GB,  # placeholder: one 100 Gb/s card per host
-        latency=5 * US,
-        shared_by=8,  # one card per host, shared by its devices
-        source="placeholder: one 100 Gb/s card per host",
-    ),
-    summary="placeholder numbers for an unrecognised accelerator",
-)
+    platform: str  # "cpu", "gpu", "tpu"
+    device_kind: str  # e.g. "TPU v5", "NVIDIA H100 80GB HBM3", "cpu"
+    id: int | None = None  # jax device id; devices are ordered by it when every id is given
+    process_index: int = 0  # the host (process) that drives the device
+    slice_index: int | None = None  # TPU Multislice: the slice; None when not reported
+    coords: tuple[int, ...] | None = None  # TPU: the chip's position in its slice's torus
 
 
-@dataclass(frozen=True)
-class _GroupedPreset:
-    """How to build a cluster of several device kinds in equal numbers (AccPar §6.2 style)."""
-
-    # One group per kind, slowest first, so that Cluster.device (the first group's spec) is the
-    # slowest part; count = devices of the kind at the preset's default size.
-    kinds: tuple[DeviceGroup, ...]
-    # Link inside one node; group_size = devices per node, and every node holds one kind. None
-    # for a flat fabric, where all devices talk through `network` alone.
-    node_link: LinkLevel | None
-    network: LinkLevel  # link between nodes (or between all devices of a flat fabric)
-    summary: str  # one line for error messages
-
-
-# AccPar §6.1 / Table 7. "An accelerator is a board that holds the processing units -- 2 cores per
-# chip and 4 chip per board": every number below is per *board* (4 chips, 8 TensorCores), and
-# one device of these presets is one board. The paper trains in bfloat16 and gives one FLOP/s
-# figure; XLA:TPU runs float32 matmuls as one bf16 pass at its default precision, so float32
-# gets the same figure (HIGHEST precision would be several times slower).
-_TPU_V2_BOARD = DeviceSpec(
-    name="TPU-v2 board (4 chips)",
-    peak_flops={"float32": 180 * TFLOPS, "bfloat16": 180 * TFLOPS},  # Table 7: "180T"
-    # Table 7: 2400 GB/s (= 4 chips x 600 GB/s, the Cloud TPU v2 per-chip figure).
-    mem_bandwidth=2400 * GB,
-    memory_bytes=64 * GB,  # Table 7: "64GB" HBM (4 chips x 16 GiB)
-    source="AccPar Table 7 / §6.1 (per board of 4 chips; Cloud TPU v2: 45 TFLOP/s, 16 GiB, "
-    "600 GB/s per chip)",
-)
-_TPU_V3_BOARD = DeviceSpec(
-    name="TPU-v3 board (4 chips)",
-    peak_flops={"float32": 420 * TFLOPS, "bfloat16": 420 * TFLOPS},  # Table 7: "420T"
-    # Table 7: 4800 GB/s, which §6.1 says is *assumed* ("not available"); the Cloud TPU v3
-    # page now gives 900 GB/s per chip, i.e. 3600 GB/s per board. We keep the paper's number.
-    mem_bandwidth=4800 * GB,
-    memory_bytes=128 * GB,  # Table 7: "128GB" HBM (4 chips x 32 GiB)
-    source="AccPar Table 7 / §6.1 (per board of 4 chips; 4800 GB/s is the paper's assumption, "
-    "Cloud TPU v3 gives 900 GB/s per chip)",
-)
-# AccPar §6.1: "the maximum data rate per core is 2Gb/s [166]. We set the network data rate for
-# TPU-v2 as 8Gb/s and that for TPU-v3 as 16Gb/s." Gigabits: 8 Gb/s = 1 GB/s, 16 Gb/s = 2 GB/s.
-# AccPar's cost model (Eq. 7, Tables 4-5) has no topology: every transfer costs A(T) / b_i with
-# the device's own b_i. So one flat level whose bandwidth is the fastest b_i (it never binds
-# below a device's own rate) and no latency term; the groups carry b_i.
-_ACCPAR_NETWORK = LinkLevel(
-    name="network",
-    group_size=256,  # placeholder: set to the cluster size when built
-    bandwidth=2 * GB,  # 16 Gb/s, the TPU-v3 board's b_i
-    latency=0.0,  # AccPar's Eq. 7 has no latency term
-    source="AccPar §6.1: flat network, per-board data rate b_i (TPU-v2 8 Gb/s, TPU-v3 16 Gb/s); "
-    "no latency (AccPar Eq. 7 has no latency term)",
-)
-_ACCPAR_TPU_V2 = DeviceGroup(
-    name="tpu-v2",
-    device=_TPU_V2_BOARD,
-    count=128,  # AccPar §6.2: 128 TPU-v2 + 128 TPU-v3
-    link_bandwidth=1 * GB,  # §6.1: 8 Gb/s
-    source="AccPar §6.1-6.2: 128 boards, network data rate 8 Gb/s",
-)
-_ACCPAR_TPU_V3 = DeviceGroup(
-    name="tpu-v3",
-    device=_TPU_V3_BOARD,
-    count=128,  # §6.2 (heterogeneous array) and §6.3 (homogeneous array): 128 TPU-v3
-    link_bandwidth=2 * GB,  # §6.1: 16 Gb/s
-    source="AccPar §6.1-6.3: 128 boards, network data rate 16 Gb/s",
-)
-_ACCPAR_TPU = _GroupedPreset(
-    kinds=(_ACCPAR_TPU_V2, _ACCPAR_TPU_V3),
-    node_link=None,
-    network=_ACCPAR_NETWORK,
-    summary="AccPar §6.2 array: TPU-v2 and TPU-v3 boards in equal numbers, flat network",
-)
-_ACCPAR_TPU_HOMOGENEOUS = _GroupedPreset(
-    kinds=(_ACCPAR_TPU_V3,),
-    node_link=None,
-    network=_ACCPAR_NETWORK,
-    summary="AccPar §6.3 array: TPU-v3 boards only, flat network",
-)
-
-# A100: NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB column; tensor rates dense, i.e. half
-# the "with sparsity" figures) and the NVIDIA DGX A100 datasheet.
-_A100_SXM4_80GB = DeviceSpec(
-    name="A100-SXM4-80GB",
-    peak_flops={
-        "float64": 19.5 * TFLOPS,  # FP64 tensor core (as the H100 preset)
-        "float32": 19.5 * TFLOPS,  # FP32 (CUDA cores)
-        "tensorfloat32": 156 * TFLOPS,  # TF32 tensor core, dense (312 sparse)
-        "bfloat16": 312 * TFLOPS,  # BF16 tensor core, dense (624 sparse)
-        "float16": 312 * TFLOPS,  # FP16 tensor core, dense (624 sparse)
-    },
-    mem_bandwidth=2039 * GB,  # datasheet: HBM2e at 2,039 GB/s (80GB SXM)
-    memory_bytes=80 * GB,  # datasheet: 80 GB
-    source="NVIDIA A100 datasheet (SXM4 80GB; dense tensor-core rates)",
-)
-_MIXED_A100 = DeviceGroup(
-    name="a100-node",
-    device=_A100_SXM4_80GB,
-    count=8,  # DGX A100: eight GPUs per node
-    level_bandwidths={
-        # NVLink 3 through NVSwitch: 600 GB/s bidirectional per GPU = 300 GB/s per direction.
-        "nvlink": 300 * GB,
-        # DGX A100: 8 x 200 Gb/s HDR ConnectX-6, one per GPU = 25 GB/s per direction. Traffic
-        # between an A100 and an H100 node runs at this slower side.
-        "infiniband": 25 * GB,
-    },
-    source="DGX A100 datasheet: NVLink 3 / NVSwitch 600 GB/s bidirectional per GPU; "
-    "8 x 200 Gb/s HDR ConnectX-6, one per GPU",
-)
-_MIXED_H100 = DeviceGroup(
-    name="h100-node",
-    device=_DGX_H100.device,
-    count=8,  # DGX H100: eight GPUs per node
-    # No caps: the link levels carry the H100 numbers (NVLink 4 450 GB/s, NDR 50 GB/s per GPU).
-    source="DGX H100 datasheet (the link levels' own numbers)",
-)
-_MIXED_GPU = _GroupedPreset(
-    kinds=(_MIXED_A100, _MIXED_H100),
-    node_link=replace(
-        _DGX_H100.node_link,
-        source="DGX H100/A100 datasheets: NVSwitch in each node; 450 GB/s/direction (NVLink 4), "
-        "A100 nodes capped at 300 (NVLink 3); latency: NCCL tuning model (order of magnitude)",
-    ),
-    network=replace(
-        _DGX_H100.network,
-        source="DGX H100 datasheet: 400 Gb/s NDR per GPU; A100 nodes capped at 200 Gb/s HDR; "
-        "latency: NCCL tuning model (order of magnitude)",
-    ),
-    summary="nodes of 8 x A100-SXM4 and nodes of 8 x H100-SXM5 in equal numbers, InfiniBand",
-)
-
-_PRESETS: dict[str, _Preset] = {"p100": _P100, "dgx-h100": _DGX_H100, "cpu": _CPU}
-_GROUPED_PRESETS: dict[str, _GroupedPreset] = {
-    "accpar-tpu": _ACCPAR_TPU,
-    "accpar-tpu-homogeneous": _ACCPAR_TPU_HOMOGENEOUS,
-    "mixed-gpu": _MIXED_GPU,
-}
 _CPU_DEFAULT_DEVICES = 8  # tests/conftest.py sets 8 fake CPU devices
-_GENERIC_NAME = "generic"  # Cluster.name of clusters built from _GENERIC_ACCELERATOR
-
-# jax device_kind substrings (upper-cased) -> preset. Only the exact parts the presets model:
-# an H100 PCIe or a P100 PCIe has other speeds and no NVLink switch, so it gets the generic spec.
-_GPU_KINDS: tuple[tuple[str, str], ...] = (
-    ("H100 80GB HBM3", "dgx-h100"),
-    ("H100 SXM", "dgx-h100"),
-    ("P100-SXM2", "p100"),
-)
+_GENERIC_NAME = "generic"  # Cluster.name of clusters built from GENERIC_ACCELERATOR
 
 
 # ---- building and sizing ---------------------------------------------------------------------
 
 
 def preset_names() -> list[str]:
-    """Names accepted by `Cluster.preset`: the homogeneous presets, then the grouped ones."""
-    return [*_PRESETS, *_GROUPED_PRESETS]
+    """Names accepted by `Cluster.preset`: node presets, TPU slices, then the grouped ones."""
+    return [*NODE_PRESETS, *SLICE_PRESETS, *GROUPED_PRESETS]
 
 
 def preset_summary(name: str) -> str:
     """One line saying what preset `name` is (devices, links, paper); unknown names raise."""
     if name in _GROUPED_PRESETS:
         return _GROUPED_PRESETS[name].summary
+    if name in SLICE_PRESETS:
+        return SLICE_PRESETS[name].summary
     return _lookup_preset(name).summary
 
 
-def preset_network(name: str) -> LinkLevel | None:
-    """The link between the nodes of preset `name`, None for a one-host or flat preset.
+def slice_preset(name: str) -> SlicePreset | None:
+    """The TPU family of preset `name` (torus, links, hosts), None for other presets."""
+    return SLICE_PRESETS.get(name)
 
-    `Cluster.describe` shows it for a one-node cluster of a multi-node preset, whose own levels
-    stop at the node. Unknown names raise the `Cluster.preset` error.
+
+def preset_network(name: str) -> LinkLevel | None:
+    """The link between the nodes (slices) of preset `name`, None for a one-host or flat preset.
+
+    `Cluster.describe` shows it for a one-node (one-slice) cluster of a multi-node preset, whose
+    own levels stop there. Unknown names raise the `Cluster.preset` error.
     """
     grouped = _GROUPED_PRESETS.get(name)
     if grouped is not None:
         return grouped.network if grouped.node_link is not None else None
+    if name in SLICE_PRESETS:
+        return SLICE_PRESETS[name].dcn
     return _lookup_preset(name).network
 
 
-def preset_layout(name: str, nodes: int = 1, devices: int | None = None) -> ClusterLayout:
-    """What `Cluster.preset(name, nodes, devices=devices)` builds; its docstring has the rules."""
+def preset_layout(
+    name: str, nodes: int = 1, devices: int | None = None, slices: int = 1
+) -> ClusterLayout:
+    """What `Cluster.preset(name, nodes, devices=devices, slices=slices)` builds; its docstring
+    has the rules."""
     if nodes < 1:
         raise ValueError(f"nodes must be >= 1, got {nodes}")
     if devices is not None and devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
+    if slices < 1:
+        raise ValueError(f"slices must be >= 1, got {slices}")
+    if devices is not None and nodes != 1:
+        raise ValueError("pass either nodes= or devices=, not both")
+    if name in SLICE_PRESETS:
+        tpu = SLICE_PRESETS[name]
+        total = devices if devices is not None else nodes * slices * tpu.chips_per_host
+        return _build_slices(name, tpu, total, slices)
+    if slices != 1:
+        raise ValueError(
+            f"preset {name!r} has no slices: slices= is for the TPU presets "
+            f"({', '.join(SLICE_PRESETS)}); size it with nodes= or devices="
+        )
     if name in _GROUPED_PRESETS:
         return _build_grouped(name, _GROUPED_PRESETS[name], nodes, devices)
     preset = _lookup_preset(name)
@@ -378,8 +134,6 @@ def preset_layout(name: str, nodes: int = 1, devices: int | None = None) -> Clus
                 f"(default {_CPU_DEFAULT_DEVICES}), not nodes="
             )
         return _build(name, preset, devices or _CPU_DEFAULT_DEVICES)
-    if devices is not None and nodes != 1:
-        raise ValueError("pass either nodes= or devices=, not both")
     per_node = preset.node_link.group_size
     return _build(name, preset, devices if devices is not None else nodes * per_node)
 
@@ -388,7 +142,9 @@ def preset_sizing(name: str, num_devices: int) -> dict[str, int]:
     """`Cluster.preset` keywords for the smallest cluster of preset `name` holding `num_devices`.
 
     A multi-node preset gets the smallest whole number of nodes ({"nodes": k}); a one-host
-    preset ("cpu") exactly the devices asked for ({"devices": n}). A grouped preset keeps its
+    preset ("cpu") exactly the devices asked for ({"devices": n}). A TPU preset gets whole hosts
+    in one slice ({"nodes": hosts}), or, beyond its largest slice, the fewest equal slices of
+    whole hosts ({"nodes": hosts per slice, "slices": s}). A grouped preset keeps its
     kinds in equal numbers, so a mesh over its first devices spans every kind: ceil(n / kinds)
     devices of each, as part of one node per kind or on a flat network ({"devices": ...}), or
     as whole nodes of each kind ({"nodes": k}). Unknown names raise the `Cluster.preset` error.
@@ -402,6 +158,14 @@ def preset_sizing(name: str, num_devices: int) -> dict[str, int]:
         if grouped.node_link is None or per_kind < grouped.node_link.group_size:
             return {"devices": kinds * per_kind}
         return {"nodes": -(-per_kind // grouped.node_link.group_size)}
+    tpu = SLICE_PRESETS.get(name)
+    if tpu is not None:
+        hosts = -(-num_devices // tpu.chips_per_host)
+        max_hosts = max(1, tpu.max_slice // tpu.chips_per_host)
+        if hosts <= max_hosts:
+            return {"nodes": hosts}
+        slices = -(-hosts // max_hosts)
+        return {"nodes": -(-hosts // slices), "slices": slices}
     preset = _lookup_preset(name)
     if preset.network is None:
         return {"devices": num_devices}
@@ -421,7 +185,7 @@ def detect_layout(
         return preset_layout("cpu", devices=num_devices)
     if platform not in ("gpu", "cuda", "rocm", "tpu"):
         raise ValueError(f"unknown platform {platform!r}; expected cpu, gpu or tpu")
-    name = _match_gpu_kind(device_kind) if platform != "tpu" else None
+    name = match_device_kind(platform, device_kind)
     if name is None:
         warnings.warn(
             f"no cluster preset for {platform} device kind {device_kind!r}: using placeholder "
@@ -429,7 +193,9 @@ def detect_layout(
             UserWarning,
             stacklevel=3,  # the caller of Cluster.from_device_kind
         )
-        return _build(_GENERIC_NAME, _GENERIC_ACCELERATOR, num_devices, devices_per_node)
+        return _build(_GENERIC_NAME, GENERIC_ACCELERATOR, num_devices, devices_per_node)
+    if name in SLICE_PRESETS:  # one slice: ICI joins every chip, whatever the hosts
+        return _build_slices(name, SLICE_PRESETS[name], num_devices, 1)
     preset = _PRESETS[name]
     per_node = devices_per_node or preset.node_link.group_size
     if num_devices > per_node and num_devices % per_node:
@@ -443,14 +209,129 @@ def detect_layout(
     return _build(name, preset, num_devices, per_node)
 
 
+def match_device_kind(platform: str, device_kind: str) -> str | None:
+    """The preset for a jax `device_kind` on `platform`, None when no preset models it.
+
+    GPU kinds match only the exact SXM parts of the DGX presets (a PCIe or NVL card has other
+    speeds and no NVSwitch); TPU kinds as jax reports them ("TPU v5 lite" is v5e).
+    """
+    kind = device_kind.upper()
+    if platform.lower() == "tpu":
+        table = TPU_KINDS
+    else:
+        if "PCIE" in kind or "NVL" in kind:
+            return None
+        table = GPU_KINDS
+    return next((preset for key, preset in table if key.upper() in kind), None)
+
+
+def detect_devices(
+    devices: Sequence[DeviceInfo | Mapping],
+) -> tuple[ClusterLayout, tuple[str, ...]]:
+    """What `Cluster.detect` builds from plain device descriptions, and what it assumed.
+
+    Devices are ordered by id when every id is given (cluster device ids are positions in that
+    order). CPU devices are the "cpu" preset; TPU chips a slice preset with one slice per
+    distinct `slice_index` (one when none is reported); GPUs a node preset whose nodes are the
+    devices of one process. Unknown kinds get placeholder numbers and a warning.
+    """
+    infos = [d if isinstance(d, DeviceInfo) else DeviceInfo(**d) for d in devices]
+    if not infos:
+        raise ValueError("Cluster.detect needs at least one device")
+    if all(d.id is not None for d in infos):
+        infos.sort(key=lambda d: d.id)  # type: ignore[arg-type, return-value]
+    platforms = {d.platform.lower() for d in infos}
+    kinds = {d.device_kind for d in infos}
+    if len(platforms) > 1 or len(kinds) > 1:
+        raise ValueError(
+            f"devices of several platforms or kinds ({sorted(platforms)}, {sorted(kinds)}): "
+            f"build the cluster with Cluster.from_groups"
+        )
+    platform, kind, n = platforms.pop(), kinds.pop(), len(infos)
+    if platform == "cpu":
+        note = (
+            f"{n} cpu devices: the 'cpu' preset, assumed host-CPU numbers (not measured), one "
+            f"shared-memory level"
+        )
+        return preset_layout("cpu", devices=n), (note,)
+    name = match_device_kind(platform, kind)
+    if name in SLICE_PRESETS:
+        return _detect_slices(name, SLICE_PRESETS[name], infos)
+    hosts = _count_by(infos, lambda d: d.process_index)
+    per_host = hosts[0] if len(set(hosts)) == 1 else None
+    layout = detect_layout(platform, kind, n, per_host)
+    if name is None:
+        note = f"unrecognised {platform} kind {kind!r}: placeholder numbers ({layout.name})"
+    else:
+        note = f"{kind!r} is preset {name!r}"
+    notes = [note, f"{len(hosts)} host(s) (process_index); a node is one host's devices"]
+    if per_host is None:
+        notes.append(f"hosts hold unequal device counts {hosts}: nodes of the preset's size")
+    return layout, tuple(notes)
+
+
+def _detect_slices(
+    name: str, tpu: SlicePreset, infos: list[DeviceInfo]
+) -> tuple[ClusterLayout, tuple[str, ...]]:
+    """`detect_devices` for TPU chips of preset `name`: slices, hosts, torus shape."""
+    n = len(infos)
+    notes = [f"{infos[0].device_kind!r} is preset {name!r} ({tpu.torus} ICI inside a slice)"]
+    if any(d.slice_index is None for d in infos):
+        slices = 1
+        notes.append("no slice_index reported: all chips assumed in one slice (ICI only)")
+    else:
+        per_slice = _count_by(infos, lambda d: d.slice_index)
+        if len(set(per_slice)) != 1:
+            raise ValueError(f"TPU slices hold unequal chip counts {per_slice}")
+        slices = len(per_slice)
+        order = [d.slice_index for d in infos]
+        if any(a != b for a, b in zip(order, sorted(order, key=order.index), strict=True)):
+            notes.append("slices are not consecutive in device order: the model assumes so")
+        notes.append(f"{slices} slice(s) of {n // slices} chips (slice_index); DCN between")
+    hosts = _count_by(infos, lambda d: (d.slice_index, d.process_index))
+    notes.append(
+        f"{len(hosts)} host(s) (process_index) of {sorted(set(hosts))} chips; DCN per host "
+        f"as the preset's {tpu.chips_per_host}-chip host"
+    )
+    shape = _torus_shape(infos)
+    if shape is not None:
+        text = "x".join(str(s) for s in shape)
+        notes.append(f"slice topology {text} (from coords); ICI modelled as a wrapped torus")
+    return _build_slices(name, tpu, n, slices), tuple(notes)
+
+
+def _count_by(infos: list[DeviceInfo], key: Callable[[DeviceInfo], object]) -> list[int]:
+    """Device counts per distinct key, in first-seen order."""
+    counts: dict = {}
+    for info in infos:
+        k = key(info)
+        counts[k] = counts.get(k, 0) + 1
+    return list(counts.values())
+
+
+def _torus_shape(infos: list[DeviceInfo]) -> tuple[int, ...] | None:
+    """The extent of the chips' coords in one slice (each dim max - min + 1), if reported."""
+    first = infos[0].slice_index
+    coords = [d.coords for d in infos if d.slice_index == first]
+    if any(c is None for c in coords) or not coords:
+        return None
+    dims = len(coords[0])  # type: ignore[arg-type]
+    return tuple(
+        max(c[i] for c in coords) - min(c[i] for c in coords) + 1  # type: ignore[index]
+        for i in range(dims)
+    )
+
+
 # ---- labels and error texts ------------------------------------------------------------------
 
 
 def size_label(name: str, num_devices: int, inner_size: int) -> str:
     """How `Cluster.preset` would size a cluster: "nodes=2", "nodes=1 of each kind" (a grouped
-    preset of whole nodes: `nodes=` counts the nodes of each device kind) or "devices=6".
+    preset of whole nodes: `nodes=` counts the nodes of each device kind), "devices=6", or for a
+    TPU preset "nodes=2" (hosts of one slice) or "devices=2048, slices=4".
 
-    `inner_size` is the group size of the cluster's innermost level (devices per node).
+    `inner_size` is the group size of the cluster's innermost level (devices per node; chips
+    per slice for a TPU preset).
     """
     grouped = _GROUPED_PRESETS.get(name)
     if grouped is not None and grouped.node_link is not None:
@@ -459,6 +340,12 @@ def size_label(name: str, num_devices: int, inner_size: int) -> str:
         if full_nodes and num_devices % per_size == 0:
             # nodes= counts the nodes of each kind: say so, the cluster has `kinds` times more
             return f"nodes={num_devices // per_size} of each kind"
+    tpu = SLICE_PRESETS.get(name)
+    if tpu is not None:
+        if num_devices > inner_size:
+            return f"devices={num_devices}, slices={num_devices // inner_size}"
+        if num_devices % tpu.chips_per_host == 0:
+            return f"nodes={num_devices // tpu.chips_per_host}"
     preset = _PRESETS.get(name)
     if preset is not None and preset.network is not None:
         per_node = preset.node_link.group_size
@@ -473,7 +360,7 @@ def too_small_message(name: str, num_devices: int, inner_size: int, needed: int)
         f"cluster {name!r} ({size_label(name, num_devices, inner_size)}) has {num_devices} "
         f"devices but the mesh needs {needed} devices"
     )
-    if name not in _PRESETS and name not in _GROUPED_PRESETS:
+    if name not in preset_names():
         return f"{head}; use a cluster with at least {needed} devices or a smaller mesh"
     return f"{head}; pass {preset_call(name, preset_sizing(name, needed))} or a smaller mesh"
 
@@ -486,20 +373,42 @@ def preset_call(name: str, sizing: dict[str, int]) -> str:
 
 # ---- helpers -----------------------------------------------------------------------------------
 
+_PRESETS = NODE_PRESETS
+_GROUPED_PRESETS = GROUPED_PRESETS
 
-def _lookup_preset(name: str) -> _Preset:
+
+def _lookup_preset(name: str) -> NodePreset:
     if name not in _PRESETS:
         raise ValueError(f"unknown cluster preset {name!r}; presets: {', '.join(preset_names())}")
     return _PRESETS[name]
 
 
-def _match_gpu_kind(device_kind: str) -> str | None:
-    kind = device_kind.upper()
-    return next((preset for key, preset in _GPU_KINDS if key.upper() in kind), None)
+def _build_slices(name: str, tpu: SlicePreset, total: int, slices: int) -> ClusterLayout:
+    """`total` chips of a TPU preset in `slices` equal slices: ICI inside, DCN between."""
+    if total % slices:
+        raise ValueError(f"{total} chips do not split into {slices} equal slices ({tpu.summary})")
+    per_slice = total // slices
+    host = tpu.chips_per_host
+    if per_slice > tpu.max_slice:
+        fewest = -(-total // tpu.max_slice)
+        raise ValueError(
+            f"a {name} slice holds at most {tpu.max_slice} chips, but {slices} slice(s) of "
+            f"{total} chips need {per_slice} each; pass slices={fewest} or more (Multislice)"
+        )
+    if per_slice > host and per_slice % host:
+        raise ValueError(
+            f"a slice of {per_slice} {name} chips is not whole hosts of {host}; use a multiple "
+            f"of {host} chips per slice (or at most {host}, part of one host)"
+        )
+    ici = replace(tpu.ici, group_size=per_slice)
+    if slices == 1:
+        return ClusterLayout(name, tpu.device, total, (ici,))
+    dcn = replace(tpu.dcn, group_size=total, shared_by=math.gcd(host, per_slice))
+    return ClusterLayout(name, tpu.device, total, (ici, dcn))
 
 
 def _build_grouped(
-    name: str, preset: _GroupedPreset, nodes: int, devices: int | None
+    name: str, preset: GroupedPreset, nodes: int, devices: int | None
 ) -> ClusterLayout:
     """A cluster of a grouped preset, sized as `Cluster.preset` documents."""
     kinds = len(preset.kinds)
@@ -552,7 +461,7 @@ def _build_grouped(
 
 
 def _build(
-    name: str, preset: _Preset, num_devices: int, devices_per_node: int | None = None
+    name: str, preset: NodePreset, num_devices: int, devices_per_node: int | None = None
 ) -> ClusterLayout:
     """A cluster of `num_devices` of a preset's devices: one node if they fit, else nodes."""
     per_node = devices_per_node or preset.node_link.group_size
@@ -572,7 +481,7 @@ def _build(
     return ClusterLayout(name, preset.device, num_devices, levels)
 
 
-def _sharing(preset: _Preset, per_node: int) -> int:
+def _sharing(preset: NodePreset, per_node: int) -> int:
     """`shared_by` of the network level for nodes of `per_node` devices.
 
     A preset with one network card per node (shared_by == its node size) keeps one card per
