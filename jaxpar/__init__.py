@@ -16,8 +16,9 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     apply    Plan               -> jitted step with constraints          apply, meshes
     verify   compiled HLO       -> the collectives XLA emitted           verify
 
-The pure core (`graph`, `rules`, `nodes`, `labels`, `configs`, `collectives`, `reshard`, `cost`,
-`tables`, `search`, `kcut`, `baselines`, `evaluate`, `verify`, `hardware`) imports no jax.
+The pure core (`graph`, `opspace`, `rules`, `rules_indexing`, `nodes`, `labels`, `configs`,
+`collectives`, `reshard`, `cost`, `tables`, `search`, `kcut`, `baselines`, `evaluate`, `verify`,
+`hardware`) imports no jax.
 """
 
 from . import distributed, verify

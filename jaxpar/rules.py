@@ -1,17 +1,8 @@
-"""Sharding rules keyed by primitive: each equation's iteration space.
+"""Sharding rules keyed by primitive: each equation's iteration space (see `opspace`).
 
-Every rule describes an equation the way an einsum would: a list of *iteration dimensions* (with
-sizes), and for every operand and result a map from its tensor dimensions to iteration dimensions
-(or None: that tensor dimension is never split). A configuration assigns each mesh axis to one
-iteration dimension or to none (the axis replicates). From the maps follow, for any configuration:
-
-- each result's sharding (PartitionSpec): the axes of the iteration dims its dimensions map to;
-- each operand's required sharding, which the cost model turns into resharding collectives;
-- partial sums: axes on iteration dims that appear in operands but in no result (a contraction of
-  ``dot_general``/``conv_general_dilated`` = AccPar's Type-II, a reduced dimension of
-  ``reduce_sum``, the batch of a weight gradient = gradient synchronisation) leave partial results
-  that an all-reduce completes;
-- the degree of parallelism, hence the per-device compute.
+Elementwise ops, shapes and layouts, reductions, slicing, contractions and windows are here;
+gather and the scatter family in `rules_indexing`. Unknown primitives, loops and custom calls
+run replicated (`space_of`), with one warning naming the primitive and the layer.
 
 Pure (no jax import): params are read by attribute, never constructed.
 """
@@ -21,84 +12,47 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
 
-from .graph import Equation, Program
+from . import rules_indexing  # noqa: F401 - registers gather and the scatter family
+from .graph import Equation, Program, layer_of
+from .opspace import (
+    RULES,
+    DimMap,
+    OpSpace,
+    dim_names,
+    out_shape,
+    register_rule,
+    replicated_space,
+    shape_of,
+)
 
 log = logging.getLogger("jaxpar")
 
-DimMap = tuple[int | None, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class OpSpace:
-    """The iteration space of one equation (see module docstring)."""
-
-    sizes: tuple[int, ...]  # size of each iteration dimension
-    splittable: tuple[bool, ...]  # may a mesh axis be assigned to this iteration dim?
-    names: tuple[str, ...]  # short names for reports ("n", "c", "h", "w", "k", "d0", ...)
-    in_maps: tuple[DimMap | None, ...]  # per equation input: tensor dim -> iter dim (None: literal)
-    out_maps: tuple[DimMap, ...]  # per equation output
-    flops: float  # FLOPs of the whole (unsharded) equation
-    reduce_op: str = "sum"  # how partial results combine ("sum", "max", "min")
-    halo: tuple[int, ...] = ()  # per iter dim: halo rows a spatial split exchanges (convolutions)
-    replicated: bool = False  # fallback: a single, fully replicated configuration
-
-    @property
-    def reduce_dims(self) -> tuple[int, ...]:
-        """Iteration dims that no result carries: splitting them leaves partial results."""
-        used = {d for m in self.out_maps for d in m if d is not None}
-        return tuple(i for i in range(len(self.sizes)) if i not in used)
-
-
-Rule = Callable[[Equation, Program], OpSpace]
-RULES: dict[str, Rule] = {}
-
-
-def register_rule(*names: str) -> Callable[[Rule], Rule]:
-    """Register a rule for one or more primitive names."""
-
-    def deco(fn: Rule) -> Rule:
-        for n in names:
-            RULES[n] = fn
-        return fn
-
-    return deco
-
-
-def _shape(program: Program, tid: int | None) -> tuple[int, ...]:
-    return () if tid is None else program.tensors[tid].shape
-
-
-def _out_shape(eqn: Equation, program: Program, i: int = 0) -> tuple[int, ...]:
-    return program.tensors[eqn.outputs[i]].shape
-
-
-def replicated_space(eqn: Equation, program: Program) -> OpSpace:
-    """One configuration: every operand and result replicated (the documented fallback)."""
-    return OpSpace(
-        sizes=(),
-        splittable=(),
-        names=(),
-        in_maps=tuple(None if t is None else (None,) * len(_shape(program, t)) for t in eqn.inputs),
-        out_maps=tuple((None,) * len(_out_shape(eqn, program, i)) for i in range(len(eqn.outputs))),
-        flops=float(sum(program.tensors[t].size for t in eqn.outputs)),
-        replicated=True,
-    )
+__all__ = ["RULES", "DimMap", "OpSpace", "register_rule", "replicated_space", "space_of"]
 
 
 def space_of(eqn: Equation, program: Program, warned: set[str] | None = None) -> OpSpace:
-    """The equation's iteration space; unknown primitives fall back to replicated, with one
-    warning per primitive among those already in ``warned`` (a planning run passes its own)."""
+    """The equation's iteration space. Unknown primitives, and the documented replicated ones
+    (`REPLICATED_WARNED`: loops, custom calls, random bits), run replicated with one warning per
+    primitive that names it and the layer (``warned``: the primitives a planning run has
+    already warned about)."""
     rule = RULES.get(eqn.primitive)
-    if rule is None:
+    if rule is None or eqn.primitive in REPLICATED_WARNED:
         warned = set() if warned is None else warned
         if eqn.primitive not in warned:
             warned.add(eqn.primitive)
+            why = (
+                "has no sharding rule"
+                if rule is None
+                else "is planned as one replicated node (loops and custom calls are not planned "
+                "inside)"
+            )
             log.warning(
-                "jaxpar: no sharding rule for primitive %r; it runs replicated (its operands are "
-                "gathered and its results replicated on every device)",
+                "jaxpar: primitive %r (in %s) %s; it runs replicated: its operands are gathered "
+                "and its results replicated on every device",
                 eqn.primitive,
+                layer_of(eqn.name_stack) or "the step's top level",
+                why,
             )
         return replicated_space(eqn, program)
     if any(program.tensors[t].opaque for t in eqn.outputs):
@@ -113,7 +67,7 @@ def _identity_maps(eqn: Equation, program: Program, out_shape: tuple[int, ...]) 
         if t is None:
             maps.append(None)
             continue
-        shp = _shape(program, t)
+        shp = shape_of(program, t)
         if len(shp) != len(out_shape):
             maps.append((None,) * len(shp))  # rank-0 scalar operands
         else:
@@ -124,10 +78,6 @@ def _identity_maps(eqn: Equation, program: Program, out_shape: tuple[int, ...]) 
                 )
             )
     return tuple(maps)
-
-
-def _dim_names(n: int) -> tuple[str, ...]:
-    return tuple(f"d{i}" for i in range(n))
 
 
 ELEMENTWISE = [
@@ -218,14 +168,14 @@ ELEMENTWISE = [
 @register_rule(*ELEMENTWISE)
 def elementwise_rule(eqn: Equation, program: Program) -> OpSpace:
     """Results follow operands dimension by dimension (the follower rule)."""
-    shape = _out_shape(eqn, program)
-    if any(_out_shape(eqn, program, i) != shape for i in range(len(eqn.outputs))):
+    shape = out_shape(eqn, program)
+    if any(out_shape(eqn, program, i) != shape for i in range(len(eqn.outputs))):
         return replicated_space(eqn, program)
     n = len(shape)
     return OpSpace(
         sizes=shape,
         splittable=(True,) * n,
-        names=_dim_names(n),
+        names=dim_names(n),
         in_maps=_identity_maps(eqn, program, shape),
         out_maps=(tuple(range(n)),) * len(eqn.outputs),
         flops=float(math.prod(shape)) * len(eqn.outputs),
@@ -235,30 +185,54 @@ def elementwise_rule(eqn: Equation, program: Program) -> OpSpace:
 @register_rule("iota")
 def iota_rule(eqn: Equation, program: Program) -> OpSpace:
     """No operands: any split of the result is computed locally."""
-    shape = _out_shape(eqn, program)
+    shape = out_shape(eqn, program)
     n = len(shape)
     return OpSpace(
-        shape, (True,) * n, _dim_names(n), (), (tuple(range(n)),), float(math.prod(shape))
+        shape, (True,) * n, dim_names(n), (), (tuple(range(n)),), float(math.prod(shape))
     )
 
 
 @register_rule("broadcast_in_dim")
 def broadcast_rule(eqn: Equation, program: Program) -> OpSpace:
-    shape = _out_shape(eqn, program)
-    src = _shape(program, eqn.inputs[0])
+    shape = out_shape(eqn, program)
+    src = shape_of(program, eqn.inputs[0])
     bdims = eqn.params["broadcast_dimensions"]
     op_map = tuple(bdims[j] if src[j] == shape[bdims[j]] else None for j in range(len(src)))
     in_maps = (
         op_map,
-        *tuple(None if t is None else (None,) * len(_shape(program, t)) for t in eqn.inputs[1:]),
+        *tuple(None if t is None else (None,) * len(shape_of(program, t)) for t in eqn.inputs[1:]),
     )
     n = len(shape)
-    return OpSpace(shape, (True,) * n, _dim_names(n), in_maps, (tuple(range(n)),), 0.0)
+    return OpSpace(shape, (True,) * n, dim_names(n), in_maps, (tuple(range(n)),), 0.0)
+
+
+@register_rule("bitcast_convert_type")
+def bitcast_rule(eqn: Equation, program: Program) -> OpSpace:
+    """Reinterpreting bits (PRNG keys, dropout masks): elementwise when the widths match; a
+    narrowing cast adds a trailing dim (a widening one drops it) that stays whole."""
+    src, dst = shape_of(program, eqn.inputs[0]), out_shape(eqn, program)
+    common = min(len(src), len(dst))
+    sizes = dst if len(dst) >= len(src) else src
+    splittable = tuple(d < common for d in range(len(sizes)))
+    in_map = tuple(d for d in range(len(src)))
+    out_map = tuple(d for d in range(len(dst)))
+    return OpSpace(
+        tuple(sizes), splittable, dim_names(len(sizes)), (in_map,), (out_map,),
+        float(math.prod(dst)),
+    )  # fmt: skip
+
+
+@register_rule("random_clone", "random_clone_p")
+def clone_rule(eqn: Equation, program: Program) -> OpSpace:
+    """A copy of a PRNG key (or of any array): the result follows the operand."""
+    shape = out_shape(eqn, program)
+    ident = tuple(range(len(shape)))
+    return OpSpace(shape, (True,) * len(shape), dim_names(len(shape)), (ident,), (ident,), 0.0)
 
 
 @register_rule("transpose")
 def transpose_rule(eqn: Equation, program: Program) -> OpSpace:
-    shape = _out_shape(eqn, program)
+    shape = out_shape(eqn, program)
     perm = eqn.params["permutation"]
     op_map = [0] * len(perm)
     for out_dim, in_dim in enumerate(perm):
@@ -267,7 +241,7 @@ def transpose_rule(eqn: Equation, program: Program) -> OpSpace:
     return OpSpace(
         shape,
         (True,) * n,
-        _dim_names(n),
+        dim_names(n),
         (tuple(op_map),),
         (tuple(range(n)),),
         float(math.prod(shape)),
@@ -313,21 +287,23 @@ def reshape_map(src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[DimMap, tup
 
 @register_rule("reshape", "squeeze", "expand_dims")
 def reshape_rule(eqn: Equation, program: Program) -> OpSpace:
-    shape = _out_shape(eqn, program)
-    src = _shape(program, eqn.inputs[0])
+    shape = out_shape(eqn, program)
+    src = shape_of(program, eqn.inputs[0])
     op_map, splittable = reshape_map(src, shape)
     n = len(shape)
-    extra = tuple(None if t is None else (None,) * len(_shape(program, t)) for t in eqn.inputs[1:])
-    return OpSpace(shape, splittable, _dim_names(n), (op_map, *extra), (tuple(range(n)),), 0.0)
+    extra = tuple(
+        None if t is None else (None,) * len(shape_of(program, t)) for t in eqn.inputs[1:]
+    )
+    return OpSpace(shape, splittable, dim_names(n), (op_map, *extra), (tuple(range(n)),), 0.0)
 
 
 def _reduction(eqn: Equation, program: Program, axes: tuple[int, ...], op: str, split_ok: bool):
-    src = _shape(program, eqn.inputs[0])
+    src = shape_of(program, eqn.inputs[0])
     kept = [d for d in range(len(src)) if d not in axes]
     order = kept + list(axes)  # iteration dims: kept dims first, then reduced dims
     sizes = tuple(src[d] for d in order)
     op_map = tuple(order.index(d) for d in range(len(src)))
-    names = _dim_names(len(kept)) + tuple(f"r{i}" for i in range(len(axes)))
+    names = dim_names(len(kept)) + tuple(f"r{i}" for i in range(len(axes)))
     splittable = (True,) * len(kept) + (split_ok,) * len(axes)
     outs = tuple(tuple(range(len(kept))) for _ in eqn.outputs)
     in_maps = tuple(op_map if t is not None else None for t in eqn.inputs)
@@ -366,29 +342,29 @@ def sort_rule(eqn: Equation, program: Program) -> OpSpace:
 
 def _fixed_dims_rule(eqn: Equation, program: Program, fixed: set[int]) -> OpSpace:
     """Ops that keep rank but change/offset some dims: those dims are never split."""
-    shape = _out_shape(eqn, program)
+    shape = out_shape(eqn, program)
     n = len(shape)
     in_maps = []
     for t in eqn.inputs:
-        shp = _shape(program, t)
+        shp = shape_of(program, t)
         if t is None or len(shp) != n:
             in_maps.append(None if t is None else (None,) * len(shp))
         else:
             in_maps.append(tuple(None if d in fixed or shp[d] != shape[d] else d for d in range(n)))
     split = tuple(d not in fixed for d in range(n))
-    return OpSpace(shape, split, _dim_names(n), tuple(in_maps), (tuple(range(n)),), 0.0)
+    return OpSpace(shape, split, dim_names(n), tuple(in_maps), (tuple(range(n)),), 0.0)
 
 
 @register_rule("slice", "pad", "rev", "dynamic_slice", "dynamic_update_slice")
 def slicing_rule(eqn: Equation, program: Program) -> OpSpace:
     """Dims whose extent or offset changes stay whole; the rest follow the operand."""
-    shape = _out_shape(eqn, program)
-    src = _shape(program, eqn.inputs[0])
+    shape = out_shape(eqn, program)
+    src = shape_of(program, eqn.inputs[0])
     fixed = {d for d in range(len(shape)) if src[d] != shape[d]}
     if eqn.primitive == "rev":
         fixed |= set(eqn.params["dimensions"])
     if eqn.primitive in ("dynamic_update_slice",):
-        upd = _shape(program, eqn.inputs[1])
+        upd = shape_of(program, eqn.inputs[1])
         fixed |= {d for d in range(len(shape)) if upd[d] != shape[d]}
     if eqn.primitive == "pad":
         fixed |= {
@@ -405,19 +381,19 @@ def concatenate_rule(eqn: Equation, program: Program) -> OpSpace:
 @register_rule("split")
 def split_rule(eqn: Equation, program: Program) -> OpSpace:
     axis = eqn.params["axis"]
-    src = _shape(program, eqn.inputs[0])
+    src = shape_of(program, eqn.inputs[0])
     n = len(src)
     maps = tuple(tuple(range(n)) for _ in eqn.outputs)
     op_map = tuple(None if d == axis else d for d in range(n))
     split = tuple(d != axis for d in range(n))
-    return OpSpace(src, split, _dim_names(n), (op_map,), maps, 0.0)
+    return OpSpace(src, split, dim_names(n), (op_map,), maps, 0.0)
 
 
 @register_rule("dot_general")
 def dot_general_rule(eqn: Equation, program: Program) -> OpSpace:
     """Batch, free and contracting dims; a split contracting dim is AccPar's Type-II."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    ls, rs = _shape(program, eqn.inputs[0]), _shape(program, eqn.inputs[1])
+    ls, rs = shape_of(program, eqn.inputs[0]), shape_of(program, eqn.inputs[1])
     lf = [d for d in range(len(ls)) if d not in lc and d not in lb]
     rf = [d for d in range(len(rs)) if d not in rc and d not in rb]
     nb, nlf, nrf, nc = len(lb), len(lf), len(rf), len(lc)
@@ -464,8 +440,8 @@ def conv_rule(eqn: Equation, program: Program) -> OpSpace:
         return replicated_space(eqn, program)
     dn = p["dimension_numbers"]
     lspec, rspec, ospec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
-    ls, rs = _shape(program, eqn.inputs[0]), _shape(program, eqn.inputs[1])
-    os_ = _out_shape(eqn, program)
+    ls, rs = shape_of(program, eqn.inputs[0]), shape_of(program, eqn.inputs[1])
+    os_ = out_shape(eqn, program)
     nsp = len(ospec) - 2
     # iteration dims: n, spatial..., c (out features), k (in features)
     sizes = (os_[ospec[0]], *tuple(os_[ospec[2 + i]] for i in range(nsp)))
@@ -505,104 +481,15 @@ def conv_rule(eqn: Equation, program: Program) -> OpSpace:
     )
 
 
-@register_rule("gather")
-def gather_rule(eqn: Equation, program: Program) -> OpSpace:
-    """Embedding lookups: index batch dims follow the indices; whole-slice dims follow the table."""
-    dn = eqn.params["dimension_numbers"]
-    os_ = _out_shape(eqn, program)
-    src = _shape(program, eqn.inputs[0])
-    idx = _shape(program, eqn.inputs[1])
-    offset_dims = tuple(dn.offset_dims)
-    slice_sizes = tuple(eqn.params["slice_sizes"])
-    collapsed = set(dn.collapsed_slice_dims) | set(getattr(dn, "operand_batching_dims", ()))
-    batch_out = [d for d in range(len(os_)) if d not in offset_dims]
-    omap = tuple(range(len(os_)))
-    # operand: dims not collapsed appear, in order, as the offset dims of the output
-    op_map: list[int | None] = [None] * len(src)
-    kept = [d for d in range(len(src)) if d not in collapsed]
-    indexed = set(dn.start_index_map)
-    for od, sd in zip(offset_dims, kept, strict=False):
-        if slice_sizes[sd] == src[sd] and sd not in indexed:
-            op_map[sd] = od
-    # indices: all dims but the index vector dim map to the output batch dims, in order
-    ivd = dn.index_vector_dim if hasattr(dn, "index_vector_dim") else len(idx) - 1
-    idx_dims = [d for d in range(len(idx)) if d != ivd]
-    idx_map: list[int | None] = [None] * len(idx)
-    for d, od in zip(idx_dims, batch_out, strict=False):
-        if idx[d] == os_[od]:
-            idx_map[d] = od
-    # batching dims (take_along_axis): operand dim <-> indices dim <-> output batch dim
-    for ob, ib in zip(
-        getattr(dn, "operand_batching_dims", ()),
-        getattr(dn, "start_indices_batching_dims", ()),
-        strict=True,
-    ):
-        od = idx_map[ib]
-        if od is not None and src[ob] == os_[od]:
-            op_map[ob] = od
-    return OpSpace(
-        os_,
-        (True,) * len(os_),
-        _dim_names(len(os_)),
-        (tuple(op_map), tuple(idx_map)),
-        (omap,),
-        float(math.prod(os_)),
-    )
-
-
-@register_rule("scatter-add", "scatter_add")
-def scatter_add_rule(eqn: Equation, program: Program) -> OpSpace:
-    """Embedding gradients: window dims follow the table; split scatter dims leave partial sums.
-
-    Batching dims (the transpose of take_along_axis) pair an operand dim with an update dim and
-    are split like any batch dim.
-    """
-    dn = eqn.params["dimension_numbers"]
-    os_ = _out_shape(eqn, program)
-    idx = _shape(program, eqn.inputs[1])
-    upd = _shape(program, eqn.inputs[2])
-    window = tuple(dn.update_window_dims)
-    inserted = set(dn.inserted_window_dims)
-    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
-    idx_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
-    scatter_to = set(dn.scatter_dims_to_operand_dims)
-    scat = [d for d in range(len(upd)) if d not in window]
-    ivd = dn.index_vector_dim if hasattr(dn, "index_vector_dim") else len(idx) - 1
-    idx_dims = [d for d in range(len(idx)) if d != ivd]
-    n = len(os_)
-    sizes = list(os_)
-    names = list(_dim_names(n))
-    splittable = [d not in scatter_to for d in range(n)]
-    upd_map: list[int | None] = [None] * len(upd)
-    idx_map: list[int | None] = [None] * len(idx)
-    operand_window = [d for d in range(n) if d not in inserted and d not in op_batch]
-    for ud, od in zip(window, operand_window, strict=False):
-        if upd[ud] == os_[od] and od not in scatter_to:
-            upd_map[ud] = od
-    for ud, idim in zip(scat, idx_dims, strict=False):
-        if idim in idx_batch:
-            it = op_batch[idx_batch.index(idim)]  # a batching dim: shared with the operand
-        else:
-            it = len(sizes)  # a scattered dim: split -> partial sums
-            sizes.append(upd[ud])
-            names.append(f"r{it - n}")
-            splittable.append(True)
-        if upd[ud] == sizes[it]:
-            upd_map[ud] = it
-        if idx[idim] == sizes[it]:
-            idx_map[idim] = it
-    op_map = tuple(d if d not in scatter_to else None for d in range(n))
-    return OpSpace(
-        tuple(sizes),
-        tuple(splittable),
-        tuple(names),
-        (op_map, tuple(idx_map), tuple(upd_map)),
-        (tuple(range(n)),),
-        float(math.prod(upd)),
-    )
-
-
 # Control flow, custom calls and random-bit generation: one replicated node each (documented).
+# Those that do real work replicated warn (once per planning run, naming the layer); key
+# bookkeeping (seed, wrap, split, fold_in) and debug callbacks are too small to mention.
+REPLICATED_WARNED = frozenset(
+    (
+        "scan", "while", "cond", "custom_call", "random_bits", "threefry2x32",
+        "rng_bit_generator", "rng_uniform", "pure_callback", "io_callback",
+    )
+)  # fmt: skip
 for _name in [
     "scan",
     "while",
