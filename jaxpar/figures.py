@@ -196,25 +196,7 @@ def strategy_figure(plans: Mapping[str, Plan], title: str = "") -> Any:
     pitch = axes_w / max(n, 1)  # inches per layer
     ticks, tick_labels, separators = layer_ticks(layers, int(axes_w / _LABEL_GAP))
 
-    # configuration labels: flat when every one fits its layer's width, else rotated
-    configs = {name: [short_config(r["config"]) for r in rs] for name, rs in rows.items()}
-    widest = max((0.067 * len(c) for cs in configs.values() for c in cs), default=0.0)
-    horizontal = widest + 0.08 <= pitch
-    min_gap = 1 if horizontal else max(1, math.ceil(_LABEL_GAP / pitch))
-    labels = {}
-    for name, rs in rows.items():
-        weights = [r["t_C"] + r["t_X"] + r["t_S"] for r in rs]
-        picked, common = config_labels(configs[name], weights, min_gap)
-        at = {layers.index(rs[i]["layer"]): configs[name][i] for i in picked}
-        labels[name] = (at, common)
-    thinned = any(common for _, common in labels.values())
-    note = _NOTE.format(
-        thinned="; where crowded, only the layers whose configuration differs from the "
-        "strategy's most common one (named in its title), the costliest first"
-        if thinned
-        else ""
-    )
-    note_lines = textwrap.wrap(note, int((_LEFT + axes_w) / 0.075))
+    labels, horizontal, note_lines = _layout_labels(rows, layers, pitch, axes_w)
 
     bottom_h = 0.5 + 0.058 * max((len(t) for t in tick_labels), default=4)
     comp_h = 0.45 * len(plans) + 0.1
@@ -263,6 +245,29 @@ def strategy_figure(plans: Mapping[str, Plan], title: str = "") -> Any:
             ax.set_xlabel(f"layers{' of ' + root if root else ''} (program order{grouped})")
         top_in += _PANEL_H + 0.4
     return fig
+
+
+def _layout_labels(rows: dict, layers: list[str], pitch: float, axes_w: float) -> tuple:
+    """Which layers get a configuration label per strategy, whether labels lie flat (each fits
+    its layer's width) or rotated, and the wrapped note explaining it."""
+    configs = {name: [short_config(r["config"]) for r in rs] for name, rs in rows.items()}
+    widest = max((0.067 * len(c) for cs in configs.values() for c in cs), default=0.0)
+    horizontal = widest + 0.08 <= pitch
+    min_gap = 1 if horizontal else max(1, math.ceil(_LABEL_GAP / pitch))
+    labels = {}
+    for name, rs in rows.items():
+        weights = [r["t_C"] + r["t_X"] + r["t_S"] for r in rs]
+        picked, common = config_labels(configs[name], weights, min_gap)
+        at = {layers.index(rs[i]["layer"]): configs[name][i] for i in picked}
+        labels[name] = (at, common)
+    thinned = any(common for _, common in labels.values())
+    note = _NOTE.format(
+        thinned="; where crowded, only the layers whose configuration differs from the "
+        "strategy's most common one (named in its title), the costliest first"
+        if thinned
+        else ""
+    )
+    return labels, horizontal, textwrap.wrap(note, int((_LEFT + axes_w) / 0.075))
 
 
 def _comparison(ax: Any, plans: Mapping[str, Plan], axes_w: float, unit: tuple[str, float]) -> None:
