@@ -21,7 +21,8 @@ from jax.sharding import Mesh, NamedSharding
 from .configs import Spec, spec_of
 from .meshes import make_mesh
 from .options import PlannerOptions
-from .plan_file import as_plan_file, bind, check_mesh
+from .plan_file import as_plan_file
+from .plan_reuse import bind, check_mesh
 from .planner import make_plan, merge_options
 from .reshard import reshard_path
 from .result import Plan
@@ -228,7 +229,7 @@ def auto_shard(
     one cut per mesh axis, slowest interconnect first); see `PlannerOptions`.
 
     ``plan``: a `Plan`, a loaded plan file (`jaxpar.load_plan`) or a plan file's path: apply it
-    instead of planning (`plan_file.bind`: re-trace, check, pin every node; nothing searched).
+    instead of planning (`plan_reuse.bind`: re-trace, check, pin every node; nothing searched).
     A call whose arguments have another signature, or a mesh with other axis names or sizes,
     raises `PlanFileError` saying what differs; ``strategy``/``objective``/``search`` are then
     the plan's, and ``in_specs`` cannot be given.

@@ -160,14 +160,16 @@ def _run_elimination(
     t0 = time.perf_counter()
     if sol.optimal and tables.exact:
         lower = sol.objective
-    elif sol.optimal:
-        if eliminates(narrow(tables.bound), budget.table, budget.enum)[0]:
-            low, lower, _ = solve_exact(narrow(tables.bound), None, budget.table, budget.enum)
+    else:
+        if sol.optimal:  # the same graph: it eliminates too
+            bound = narrow(tables.bound)
+        elif eliminates(narrow(pairwise_skeleton(ctx.ng, tables)), budget.table, budget.enum)[0]:
+            bound = narrow(pairwise_bound(ctx.ng, tables, ctx.params))  # priced only if useful
+        else:
+            bound = None
+        if bound is not None and eliminates(bound, budget.table, budget.enum)[0]:
+            low, lower, _ = solve_exact(bound, None, budget.table, budget.enum)
             found.append(low)
-    elif eliminates(narrow(pairwise_skeleton(ctx.ng, tables)), budget.table, budget.enum)[0]:
-        bound = narrow(pairwise_bound(ctx.ng, tables, ctx.params))
-        low, lower, _ = solve_exact(bound, None, budget.table, budget.enum)
-        found.append(low)
     stats["bound_time_s"] = time.perf_counter() - t0
     if space is not None:
         found = [[space[v][i] for v, i in enumerate(a)] for a in found]

@@ -420,28 +420,22 @@ def _add_plan(sub: Any) -> None:
         help="global batch, a multiple of the device count (default: the model's batch, "
         "rounded up to a multiple of the device count)",
     )
-    p_plan.add_argument(
-        "--strategy",
-        type=choice_type("strategy", STRATEGY_CHOICES),
-        default="auto",
-        metavar="{" + ",".join(STRATEGY_CHOICES) + "}",
-        help="auto: the search (default); data, model, owt: the baselines; hypar: HyPar's "
-        "space; all: auto and the three baselines side by side",
-    )
-    p_plan.add_argument(
-        "--objective",
-        type=choice_type("objective", OBJECTIVE_CHOICES),
-        default="time",
-        metavar="{" + ",".join(OBJECTIVE_CHOICES) + "}",
-        help="time: predicted step time (default); comm: bytes moved (SoyBean's)",
-    )
-    p_plan.add_argument(
-        "--search",
-        type=choice_type("search", SEARCH_CHOICES),
-        default="elimination",
-        metavar="{" + ",".join(SEARCH_CHOICES) + "}",
-        help="joint elimination (OptCNN, default) or SoyBean's k-cut; the report shows both",
-    )
+    choices = (
+        ("strategy", STRATEGY_CHOICES, "auto", "auto: the search (default); data, model, owt: the "
+         "baselines; hypar: HyPar's space; all: auto and the three baselines side by side"),
+        ("objective", OBJECTIVE_CHOICES, "time", "time: predicted step time (default); comm: "
+         "bytes moved (SoyBean's)"),
+        ("search", SEARCH_CHOICES, "elimination", "joint elimination (OptCNN, default) or "
+         "SoyBean's k-cut; the report shows both"),
+    )  # fmt: skip
+    for option, values, default, text in choices:
+        p_plan.add_argument(
+            f"--{option}",
+            type=choice_type(option, values),
+            default=default,
+            metavar="{" + ",".join(values) + "}",
+            help=text,
+        )
     p_plan.add_argument(
         "--dtype",
         type=arg_type(parse_dtype, "dtype"),

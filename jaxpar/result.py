@@ -138,9 +138,11 @@ class Plan:
     @property
     def in_shardings(self) -> Any:
         """Pytree (like the arguments) of NamedSharding; None at static leaves."""
-        it = iter(self.invar_specs)
-        leaves = [self.named(next(it)) if arr else None for arr in self.arg_layout.arg_is_array]
-        return tree_util.tree_unflatten(self.arg_layout.arg_treedef, leaves)
+        return tree_util.tree_map(
+            lambda spec: NamedSharding(self.mesh, spec),
+            self.partition_specs(),
+            is_leaf=lambda x: isinstance(x, PartitionSpec),
+        )
 
     @property
     def out_shardings(self) -> Any:

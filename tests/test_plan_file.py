@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxpar
 import models
-from jaxpar import plan_file
+from jaxpar import plan_file, plan_reuse
 from jaxpar.plan_file import PlanFileError, load_plan, loads
 from jaxpar.verify import compiled_collectives
 
@@ -206,14 +206,14 @@ def test_bad_assignments_are_refused_at_application(mlp_file):
         d["assignment"][node] = [rng.randint(-1, 9), rng.randint(-1, 9)]
         pf = loads(json.dumps(d))  # structurally valid: caught when applied
         try:
-            plan_file.bind(pf, ex.step, ex.args, mesh)
+            plan_reuse.bind(pf, ex.step, ex.args, mesh)
         except PlanFileError as err:
             checked += 1
             assert "assignment" in str(err) or "arguments" in str(err) or "results" in str(err)
     assert checked >= 6
     d = dict(data, arguments=[dict(a, spec=[[] for _ in a["spec"]]) for a in data["arguments"]])
     with pytest.raises(PlanFileError, match="does not match its assignment"):
-        plan_file.bind(loads(json.dumps(d)), ex.step, ex.args, mesh)
+        plan_reuse.bind(loads(json.dumps(d)), ex.step, ex.args, mesh)
     with pytest.raises(PlanFileError, match="cannot read"):
         load_plan("/nonexistent/plan.json")
 
