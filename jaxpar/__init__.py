@@ -10,6 +10,7 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     tables   nodes + reads      -> the two search problems               reshard, tables
     search   tables             -> elimination / descent, k-cut          search, kcut, baselines
     choose   searches           -> the plan, certified against a bound   choose, evaluate
+    memory   plan               -> peak bytes per device; fit a budget   memory, budget
     plan     assignment         -> Plan: layouts, cost, collectives      planner, result, pins
     save     Plan               -> JSON file; PartitionSpecs to export   plan_file, plan_export
     report   Plan               -> text, JSON, figures                   report, figures
@@ -18,7 +19,7 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
 
 The pure core (`graph`, `opspace`, `rules`, `rules_indexing`, `nodes`, `labels`, `configs`,
 `collectives`, `reshard`, `cost`, `tables`, `search`, `kcut`, `baselines`, `evaluate`, `verify`,
-`hardware`) imports no jax.
+`memory`, `budget`, `hardware`) imports no jax.
 """
 
 from . import distributed, verify
@@ -26,6 +27,7 @@ from .apply import AutoSharded, auto_shard
 from .distributed import MultiHostMismatch, global_batch
 from .evaluate import Collective, PlanCost
 from .hardware import Cluster, DeviceGroup, DeviceSpec, LinkLevel
+from .memory import MemoryBudgetError, MemoryEstimate
 from .meshes import detect_cluster, make_hardware_mesh, make_mesh
 from .options import PlannerOptions
 from .plan_file import PlanFile, PlanFileError, load_plan
@@ -41,6 +43,8 @@ __all__ = [
     "DeviceGroup",
     "DeviceSpec",
     "LinkLevel",
+    "MemoryBudgetError",
+    "MemoryEstimate",
     "MultiHostMismatch",
     "Plan",
     "PlanCost",

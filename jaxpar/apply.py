@@ -218,6 +218,7 @@ def auto_shard(
     search: str = "elimination",
     donate_argnums: tuple[int, ...] | int = (),
     in_specs: Any = None,
+    memory_budget: float | str | None = "device",
     options: PlannerOptions | None = None,
     plan: Any = None,
 ) -> Any:
@@ -233,6 +234,9 @@ def auto_shard(
     A call whose arguments have another signature, or a mesh with other axis names or sizes,
     raises `PlanFileError` saying what differs; ``strategy``/``objective``/``search`` are then
     the plan's, and ``in_specs`` cannot be given.
+
+    ``memory_budget``: bytes per device the plan must fit (see `jaxpar.plan`); the plan assumes
+    the ``donate_argnums`` arguments are donated, as the jitted step does.
     """
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
@@ -245,7 +249,8 @@ def auto_shard(
             f"auto_shard runs on devices: pass mesh=jaxpar.make_mesh({mesh!r}) (a dict mesh is "
             f"abstract; jaxpar.plan takes one)"
         )
-    opts = merge_options(options, strategy, objective, search)
+    opts = merge_options(options, strategy, objective, search, memory_budget)
+    opts = dataclasses.replace(opts, donate_argnums=tuple(donate_argnums))
     if plan is not None:
         if in_specs is not None:
             raise ValueError("give plan= or in_specs=, not both: a given plan fixes every layout")

@@ -6,6 +6,12 @@
   the whole mesh — OptCNN's "model parallelism", Megatron-style column splits.
 - ``owt``: Krizhevsky's "one weird trick": data parallelism for convolutional layers, model
   parallelism for dense layers.
+- ``fsdp``: data parallelism over the whole mesh, with parameters and optimizer state stored
+  sharded over the whole mesh on their largest dim (ZeRO-3 / FSDP): gathered before use.
+- ``fsdp_tp``: FSDP over the outer mesh axes and tensor parallelism over the innermost one
+  (MaxText / torchtitan style): nodes split the batch over the outer axes and their output
+  feature over the inner axis; state is sharded over the outer axes on its largest dim and over
+  the inner axis on its last dim.
 - ``hypar``: HyPar (Song et al., HPCA 2019), as AccPar §3.5 describes it: per layer, a choice
   between data parallelism and model parallelism only, i.e. AccPar's Type-I (split the batch B)
   and Type-II (split the layer's input features D_i), never Type-III (split D_o), with a binary
@@ -32,8 +38,8 @@ from .graph import BACKWARD, FORWARD, phase_of
 from .labels import layer_kinds
 from .nodes import NodeGraph
 
-STRATEGIES = ("auto", "data", "model", "owt", "hypar")
-BASELINES = ("data", "model", "owt")  # fixed rules: no search, always computed while planning
+STRATEGIES = ("auto", "data", "model", "owt", "fsdp", "fsdp_tp", "hypar")
+BASELINES = ("data", "model", "owt", "fsdp", "fsdp_tp")  # fixed rules, computed while planning
 
 
 def _best_on_dim(configs: list[Config], dims: Sequence[int], sizes: Sequence[int]) -> int:
@@ -60,10 +66,14 @@ def baseline_assignment(
     batch: Sequence[set[int]],
     labels: Sequence[str],
     sizes: Sequence[int],
+    state_nodes: frozenset[int] = frozenset(),
 ) -> list[int]:
-    """One configuration index per node for a baseline strategy (``labels``: `node_labels`)."""
+    """One configuration index per node for a baseline strategy (``labels``: `node_labels`;
+    ``state_nodes``: the input nodes of parameters and optimizer state)."""
     if strategy not in BASELINES:
         raise ValueError(f"unknown baseline {strategy!r}; choose one of {BASELINES}")
+    if strategy in ("fsdp", "fsdp_tp"):
+        return _sharded_state(strategy, ng, configs, batch, sizes, state_nodes)
     kinds = layer_kinds(ng)
     out = []
     for node, cfgs in zip(ng.nodes, configs, strict=True):
@@ -77,6 +87,47 @@ def baseline_assignment(
             out_map = node.space.out_maps[0] if node.space.out_maps else ()
             dims = [out_map[-1]] if out_map and out_map[-1] is not None else []
         out.append(_best_on_dim(cfgs, dims, sizes))
+    return out
+
+
+def _index_of(cfgs: list[Config], *wanted: Config) -> int | None:
+    """Index of the first of ``wanted`` among ``cfgs``."""
+    index = {c: i for i, c in enumerate(cfgs)}
+    return next((index[w] for w in wanted if w in index), None)
+
+
+def _sharded_state(
+    strategy: str,
+    ng: NodeGraph,
+    configs: list[list[Config]],
+    batch: Sequence[set[int]],
+    sizes: Sequence[int],
+    state_nodes: frozenset[int],
+) -> list[int]:
+    """The ``fsdp`` and ``fsdp_tp`` hand plans (module docstring)."""
+    k = len(sizes)
+    inner = strategy == "fsdp_tp" and k > 1
+    outer = k - 1 if inner else k
+    out = []
+    for node, cfgs in zip(ng.nodes, configs, strict=True):
+        by_size = sorted(range(len(node.space.sizes)), key=lambda d: -node.space.sizes[d])
+        if node.index in state_nodes:
+            dims = [d for d in by_size if node.space.splittable[d]]
+            last = len(node.space.sizes) - 1
+            wanted = [(d,) * outer + ((last,) if inner else ()) for d in dims]
+            wanted += [(d,) * outer + ((-1,) if inner else ()) for d in dims]
+            i = _index_of(cfgs, *wanted)
+            out.append(i if i is not None else _best_on_dim(cfgs, dims, sizes))
+            continue
+        bdims = [d for d in by_size if d in batch[node.index]]
+        out_map = node.space.out_maps[0] if node.space.out_maps else ()
+        feature = out_map[-1] if out_map and out_map[-1] is not None else -1
+        wanted = []
+        for b in bdims:
+            wanted += [(b,) * outer + ((feature,) if inner else ())]
+            wanted += [(b,) * outer + ((-1,) if inner else ())]
+        i = _index_of(cfgs, *wanted) if wanted else None
+        out.append(i if i is not None else _best_on_dim(cfgs, bdims, sizes))
     return out
 
 

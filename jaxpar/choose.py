@@ -80,8 +80,12 @@ def choose(
             memo[key] = evaluate(ctx, key)
         return memo[key]
 
+    after_all = len(ng.program.eqns)
+    state = frozenset(u.dst for u in tables.uses if u.order[0] >= after_all)  # state inputs
     base = {
-        s: tuple(baseline_assignment(s, ng, list(tables.configs), ctx.batch, ctx.labels, sizes))
+        s: tuple(
+            baseline_assignment(s, ng, list(tables.configs), ctx.batch, ctx.labels, sizes, state)
+        )
         for s in BASELINES
     }
     base_eval = {s: priced(a) for s, a in base.items()}

@@ -39,6 +39,7 @@ from .cli_input import (
     mesh_text,
     parse_batch,
     parse_dtype,
+    parse_memory_budget,
     parse_mesh,
     plural,
     positive_steps,
@@ -131,15 +132,17 @@ def comparison_table(plans: dict[str, Any], batch: int) -> str:
     data = plans.get("data")
     head = (
         f"{'strategy':<9} {'step ms':>11} {'samples/s':>12} {'comm MB/step':>13} "
-        f"{'vs data':>8}  optimal"
+        f"{'vs data':>8} {'peak GB/dev':>12}  fits  optimal"
     )
     lines = [head, "-" * len(head)]
     for name, plan in plans.items():
         c = plan.cost
         speed = data.cost.step_s / c.step_s if data is not None and c.step_s > 0 else math.nan
+        fits = {None: "-", True: "yes", False: "NO"}[plan.memory.fits]
         lines.append(
             f"{name:<9} {c.step_s * 1e3:11.4f} {batch / c.step_s:12.1f} "
-            f"{c.comm_bytes / 1e6:13.3f} {speed:7.2f}x  {plan.optimal}"
+            f"{c.comm_bytes / 1e6:13.3f} {speed:7.2f}x {plan.memory.peak / 1e9:12.3f}  "
+            f"{fits:<4}  {plan.optimal}"
         )
     if "auto" in plans and len(plans) > 1:
         others = {k: p for k, p in plans.items() if k != "auto"}
@@ -236,6 +239,7 @@ def plan_command(args: argparse.Namespace) -> int:
             strategy=strategy,
             objective=args.objective,
             search=args.search,
+            memory_budget=args.memory_budget,
             progress=say,
         )
         names = ALL_STRATEGIES if args.strategy == "all" else (strategy,)
@@ -441,6 +445,14 @@ def _add_plan(sub: Any) -> None:
         type=arg_type(parse_dtype, "dtype"),
         default="float32",
         help=f"parameter/activation dtype: {', '.join(DTYPES)} (default float32)",
+    )
+    p_plan.add_argument(
+        "--memory-budget",
+        type=arg_type(parse_memory_budget, "memory-budget"),
+        default="device",
+        metavar="SIZE",
+        help="bytes per device the plan must fit, e.g. 80GB (default 'device': the device's "
+        "memory less 10%%; 'none': no limit)",
     )
     p_plan.add_argument("--small", action="store_true", help="the reduced (test) model")
     p_plan.add_argument("--json", metavar="FILE", help="write the plan(s) as JSON")

@@ -51,11 +51,29 @@ def positive_steps(text: str) -> int:
     return int(text)
 
 
-STRATEGY_CHOICES = ("auto", "data", "model", "owt", "hypar", "all")
+STRATEGY_CHOICES = ("auto", "data", "model", "owt", "fsdp", "fsdp_tp", "hypar", "all")
 OBJECTIVE_CHOICES = ("time", "comm")
 SEARCH_CHOICES = ("elimination", "kcut")
-# --strategy all: the search and the three baselines, side by side
-ALL_STRATEGIES = ("auto", "data", "model", "owt")
+# --strategy all: the search and the baselines, side by side
+ALL_STRATEGIES = ("auto", "data", "model", "owt", "fsdp", "fsdp_tp")
+
+
+def parse_memory_budget(text: str) -> float | str | None:
+    """``--memory-budget``: a size ("80GB", "75GiB", bytes), "device" or "none"."""
+    from jaxpar.memory import parse_bytes
+
+    if text.strip().lower() in ("none", "off"):
+        return None
+    if text.strip().lower() == "device":
+        return "device"
+    try:
+        return parse_bytes(text)
+    except ValueError as err:
+        raise ValueError(
+            f"--memory-budget {text!r}: give a size such as 80GB or 75GiB, 'device' (the "
+            "device's memory less a reserve) or 'none'"
+        ) from err
+
 
 # The dtypes the zoo models train in (parameters and activations), and common spellings.
 DTYPES = ("float32", "bfloat16", "float16", "float64")

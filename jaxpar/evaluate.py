@@ -21,7 +21,7 @@ from .configs import spec_of, split_axes
 from .cost import CostParams, node_collectives, node_dtype, node_price
 from .graph import BACKWARD, shape_str
 from .hardware.speeds import MeshSpeeds
-from .nodes import NodeGraph
+from .nodes import Node, NodeGraph
 from .reshard import SLICE, reshard_path, step_time
 from .tables import CostTables
 
@@ -100,11 +100,10 @@ def _tensor_name(ng: NodeGraph, tid: int) -> str:
     return f"{t.dtype}{shape_str(t.shape)}"
 
 
-def _is_grad_sync(ctx: EvalContext, v: int, cfg) -> bool:
+def is_grad_sync(node: Node, cfg, batch: set[int]) -> bool:
     """A backward node whose split reduced dim carries the batch reduces gradients (t_S)."""
-    node = ctx.ng.nodes[v]
     red = set(node.space.reduce_dims)
-    return node.phase == BACKWARD and any(d in red and d in ctx.batch[v] for d in cfg if d >= 0)
+    return node.phase == BACKWARD and any(d in red and d in batch for d in cfg if d >= 0)
 
 
 def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
@@ -124,7 +123,7 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             factor = ctx.speeds.factor(node_dtype(ng, node), split_axes(cfg))
         row = rows[v]
         row.update(t_C=compute, t_C_ratio=compute * factor)
-        sync = _is_grad_sync(ctx, v, cfg)
+        sync = is_grad_sync(node, cfg, ctx.batch[v])
         for c in own:
             if c.kind == ALL_REDUCE:
                 reason, term = ("gradient-sync", "t_S") if sync else ("partial-sum", "t_X")

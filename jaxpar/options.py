@@ -6,6 +6,7 @@ import dataclasses
 
 from .baselines import STRATEGIES
 from .cost import OBJECTIVES
+from .memory import parse_bytes
 from .search import SearchBudget
 
 SEARCHES = ("elimination", "kcut")  # joint elimination (OptCNN) / one DP per mesh axis (SoyBean)
@@ -25,6 +26,11 @@ class PlannerOptions:
     - ``batch_argnums``: the arguments whose leaves carry the batch on dim 0; None: every
       argument but the first (the state), or the only argument.
     - ``budget``: how hard the search may work (`SearchBudget`).
+    - ``memory_budget``: bytes per device the plan must fit (`budget.fit_budget`): "device"
+      (default) for the smallest device's memory less `memory.RESERVE_FRACTION`, a number of
+      bytes, a size such as "60GB", or None for no limit (memory is still predicted).
+    - ``donate_argnums``: the arguments whose buffers the step donates (their results reuse
+      them); None: the state, i.e. every argument that is not a batch argument.
     """
 
     strategy: str = "auto"
@@ -33,6 +39,8 @@ class PlannerOptions:
     compare_searches: bool = True
     batch_argnums: tuple[int, ...] | None = None
     budget: SearchBudget = dataclasses.field(default_factory=SearchBudget)
+    memory_budget: float | str | None = "device"
+    donate_argnums: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -44,6 +52,8 @@ class PlannerOptions:
                 f"search={self.search!r}; choose one of {SEARCHES} (joint elimination, or "
                 "SoyBean's k-cut: one cut per mesh axis, slowest interconnect first)"
             )
+        if self.memory_budget not in (None, "device"):
+            object.__setattr__(self, "memory_budget", parse_bytes(self.memory_budget))
         if not isinstance(self.budget, SearchBudget):
             raise TypeError(f"budget must be a SearchBudget, not {type(self.budget).__name__}")
 
@@ -53,6 +63,13 @@ class PlannerOptions:
         if self.compare_searches:
             names += [s for s in SEARCHES if s != self.search]
         return tuple(sorted(names, key=lambda n: n != "kcut"))
+
+    def donated_args(self, num_args: int) -> tuple[int, ...]:
+        """`donate_argnums`, defaulted: the arguments that are not batch arguments."""
+        if self.donate_argnums is not None:
+            return tuple(self.donate_argnums)
+        batch = self.batch_args(num_args)
+        return tuple(i for i in range(num_args) if i not in batch)
 
     def batch_args(self, num_args: int) -> tuple[int, ...]:
         """`batch_argnums`, defaulted for a call with ``num_args`` arguments."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from jax import tree_util
 
+from .budget import BudgetFit
 from .choose import Choice
 from .configs import enumerate_configs, tensor_dims
 from .evaluate import EvalContext, evaluate
@@ -28,7 +29,15 @@ from .plan_file import (
     names_to_pspec,
     treedef_text,
 )
-from .planner import StageClock, analyze, assemble, target_for, trace_step
+from .planner import (
+    StageClock,
+    analyze,
+    assemble,
+    memory_budget,
+    memory_model,
+    target_for,
+    trace_step,
+)
 from .result import Plan
 from .tables import build_tables
 from .trace import is_array_leaf
@@ -112,7 +121,10 @@ def rebuild(pf: PlanFile, traced: Any, target: Any, analysis: Any, clock: StageC
         edges=len(tables.problem.edges), max_configs=1, objective=evaluation.objective,
         lower_bound=None, saved=pf.predicted, loaded_plan=True,
     )  # fmt: skip
-    plan = assemble(traced, target, analysis, tables, choice, pf.options, stats)
+    model = memory_model(traced, target, analysis, tables)
+    budget = memory_budget(pf.options.memory_budget, target)
+    fit = BudgetFit(model.estimate(zeros, budget), False, None, 0)  # reported, not enforced
+    plan = assemble(traced, target, analysis, tables, choice, pf.options, stats, model, fit)
     mine = PlanFile.from_plan(plan)
     for kind, have, saved in (
         ("arguments", mine.arguments, pf.arguments), ("results", mine.results, pf.results)

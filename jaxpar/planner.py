@@ -15,19 +15,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jax import tree_util
 
+from .budget import BudgetFit, fit_budget
 from .choose import Choice, choose
 from .cost import CostParams
-from .evaluate import EvalContext
+from .evaluate import EvalContext, is_grad_sync
 from .graph import Program
 from .hardware import Cluster
-from .hardware.mesh_model import mesh_axes, mesh_speeds, slowest_device
+from .hardware.mesh_model import mesh_axes, mesh_speeds, slowest_device, smallest_memory
 from .hardware.speeds import MeshSpeeds
 from .labels import batch_dims, node_labels
+from .memory import RESERVE_FRACTION, MemoryBudgetError, MemoryInputs, MemoryModel, arg_kind, gb
 from .meshes import MeshDescription, describe_mesh, resolve_cluster
 from .nodes import NodeGraph, build_nodes
 from .options import PlannerOptions
@@ -46,6 +48,8 @@ class Traced:
     program: Program
     arg_layout: ArgLayout
     batch_tensors: tuple[int, ...]  # argument tensors whose dim 0 is the batch
+    arg_kinds: Mapping[int, str]  # argument tensor -> params / optimizer / batch / other
+    donated: frozenset[int]  # argument tensors whose buffers the step donates
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +60,7 @@ class Target:
     cluster: Cluster
     params: CostParams
     speeds: MeshSpeeds | None  # per-device rates on a heterogeneous mesh
+    device_memory: float  # bytes of the mesh's smallest device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +79,12 @@ def trace_step(fn: Any, args: tuple, options: PlannerOptions) -> Traced:
     leaves, treedef = tree_util.tree_flatten(args, is_leaf=lambda x: x is None)
     layout = ArgLayout(treedef, tuple(is_array_leaf(x) for x in leaves), out_tree)
     prefixes = tuple(f"[{i}]" for i in options.batch_args(len(args)))
-    batch = tuple(
-        t
-        for t, p in zip(program.invars, program.invar_paths, strict=True)
-        if p.startswith(prefixes)
-    )
-    return Traced(program, layout, batch)
+    donating = tuple(f"[{i}]" for i in options.donated_args(len(args)))
+    pairs = list(zip(program.invars, program.invar_paths, strict=True))
+    batch = tuple(t for t, p in pairs if p.startswith(prefixes))
+    kinds = {t: arg_kind(p, p.startswith(prefixes)) for t, p in pairs}
+    donated = frozenset(t for t, p in pairs if donating and p.startswith(donating))
+    return Traced(program, layout, batch, kinds, donated)
 
 
 def target_for(mesh: Any, cluster: Any, objective: str) -> Target:
@@ -89,7 +94,8 @@ def target_for(mesh: Any, cluster: Any, objective: str) -> Target:
     axes = mesh_axes(cl, desc.names, desc.sizes, desc.device_ids)
     peak, mem_bw = slowest_device(cl, desc.sizes, desc.device_ids)
     params = CostParams(axes, peak, mem_bw, objective)
-    return Target(desc, cl, params, mesh_speeds(cl, desc.sizes, desc.device_ids))
+    memory = smallest_memory(cl, desc.sizes, desc.device_ids)
+    return Target(desc, cl, params, mesh_speeds(cl, desc.sizes, desc.device_ids), memory)
 
 
 def analyze(traced: Traced) -> Analysis:
@@ -109,9 +115,38 @@ def price(
     return build_tables(ng, target.params, analysis.feedback, pinned, tick)
 
 
+def memory_budget(requested: float | str | None, target: Target) -> float | None:
+    """The budget in bytes per device: "device" is the smallest device's memory less the
+    reserve; a budget above the device's memory is an error."""
+    if requested is None:
+        return None
+    if requested == "device":
+        return target.device_memory * (1 - RESERVE_FRACTION)
+    if requested > target.device_memory:
+        raise MemoryBudgetError(
+            f"memory budget {gb(requested)} per device is more than the {gb(target.device_memory)}"
+            f" a device of cluster {target.cluster.name!r} has; give at most that, or "
+            'memory_budget="device" for its memory less the reserve'
+        )
+    return float(requested)
+
+
+def memory_model(traced: Traced, target: Target, analysis: Analysis, tables: CostTables):
+    """The liveness model of the step's buffers under any assignment of ``tables``."""
+    ng, batch = analysis.ng, analysis.batch
+    return MemoryModel(
+        MemoryInputs(
+            ng=ng, configs=tables.configs, uses=tables.uses, sizes=target.params.mesh.sizes,
+            feedback=dict(analysis.feedback), arg_kinds=traced.arg_kinds, donated=traced.donated,
+            grad_sync=lambda v, cfg: is_grad_sync(ng.nodes[v], cfg, batch[v]),
+            combine_syncs=target.mesh.platform == "cpu",
+        )
+    )  # fmt: skip
+
+
 def assemble(
     traced: Traced, target: Target, analysis: Analysis, tables: CostTables, choice: Choice,
-    options: PlannerOptions, stats: dict[str, Any],
+    options: PlannerOptions, stats: dict[str, Any], model: MemoryModel, fit: BudgetFit,
 ) -> Plan:  # fmt: skip
     """The `Plan` of the chosen assignment: layouts of every tensor, argument and result."""
     feedback = dict(analysis.feedback)
@@ -126,7 +161,7 @@ def assemble(
         speeds=target.speeds, assignment=choice.assignment, evaluation=choice.evaluation,
         optimal=choice.optimal, lower_bound=choice.lower_bound, choice=choice, stats=stats,
         tensor_specs=tensor_specs, invar_specs=invar_specs, outvar_specs=outvar_specs,
-        feedback=feedback,
+        feedback=feedback, memory=fit.estimate, memory_model=model,
     )  # fmt: skip
 
 
@@ -154,10 +189,16 @@ def make_plan(
         frozenset(t for t, _ in analysis.feedback), target.speeds,
     )  # fmt: skip
     sizes = target.params.mesh.sizes
+    budget = memory_budget(options.memory_budget, target)
     choice = clock.run("search", choose, ctx, options, sizes, clock.ticker("search", every=0.0))
+    model = memory_model(traced, target, analysis, tables)
+    choice, fit = clock.run(
+        "search", fit_budget, ctx, options, model, budget, choice, clock.ticker("search")
+    )
     clock.done("search", "certified optimal" if choice.optimal else "best found (not certified)")
     stats = plan_stats(clock, traced, tables, choice, options)
-    return assemble(traced, target, analysis, tables, choice, options, stats)
+    stats.update(budget_bound=fit.bound, budget_solves=fit.solves, memory_budget=budget)
+    return assemble(traced, target, analysis, tables, choice, options, stats, model, fit)
 
 
 def plan_stats(
@@ -227,6 +268,7 @@ def plan(
     objective: str = "time",
     search: str = "elimination",
     in_specs: Any = None,
+    memory_budget: float | str | None = "device",
     options: PlannerOptions | None = None,
     progress: Progress | None = None,
 ) -> Plan:
@@ -235,19 +277,31 @@ def plan(
     Arguments may be arrays or ShapeDtypeStructs; ``mesh`` a dict ``{"node": 4, "gpu": 4}`` (no
     devices needed), a jax Mesh or an AbstractMesh; ``cluster`` a `Cluster`, a preset name or
     None (detected from the mesh's devices). ``strategy``, ``objective``, ``search``: see
-    `PlannerOptions` (``options`` gives all of them at once). ``progress(stage, detail)``, if
-    given, is called as each planning stage finishes.
+    `PlannerOptions` (``options`` gives all of them at once). ``memory_budget``: bytes per
+    device the plan must fit ("60GB", a number, "device": the device's memory less a reserve,
+    None: no limit); `Plan.memory` holds the prediction. ``progress(stage, detail)``, if given,
+    is called as each planning stage finishes.
     """
-    opts = merge_options(options, strategy, objective, search)
+    opts = merge_options(options, strategy, objective, search, memory_budget)
     return make_plan(fn, args, mesh, cluster, opts, in_specs, progress)
 
 
 def merge_options(
-    options: PlannerOptions | None, strategy: str, objective: str, search: str
+    options: PlannerOptions | None,
+    strategy: str,
+    objective: str,
+    search: str,
+    memory_budget: float | str | None = "device",
 ) -> PlannerOptions:
     """``options`` with the keyword arguments that differ from their defaults applied."""
     opts = options or PlannerOptions()
-    given = {"strategy": strategy, "objective": objective, "search": search}
-    defaults = {"strategy": "auto", "objective": "time", "search": "elimination"}
+    given = {
+        "strategy": strategy, "objective": objective, "search": search,
+        "memory_budget": memory_budget,
+    }  # fmt: skip
+    defaults = {
+        "strategy": "auto", "objective": "time", "search": "elimination",
+        "memory_budget": "device",
+    }  # fmt: skip
     changes = {k: v for k, v in given.items() if v != defaults[k] or options is None}
     return dataclasses.replace(opts, **changes)

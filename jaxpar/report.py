@@ -32,15 +32,21 @@ def layer_name(plan: Plan, node_index: int) -> str:
 
 
 def layer_rows(plan: Plan) -> list[dict]:
-    """Per layer (program order): summed t_C / t_X / t_S / bytes, and the configuration and
-    layout of its representative node (its heaviest forward contraction)."""
+    """Per layer (program order): summed t_C / t_X / t_S / bytes, the bytes per device it holds
+    for long (``held``: state shards, saved activations, gradients; `MemoryModel.held_bytes`),
+    and the configuration and layout of its representative node (its heaviest forward
+    contraction)."""
     rows: dict[str, dict] = {}
     first: dict[str, int] = {}  # a layer sits where its first computation does
+    held = plan.memory_model.held_bytes(plan.assignment)
     for node, r in zip(plan.ng.nodes, plan.evaluation.node_rows, strict=True):
         key = layer_name(plan, node.index)
-        row = rows.setdefault(key, {"layer": key, "rep": None, **dict.fromkeys(_ROW_TERMS, 0.0)})
+        row = rows.setdefault(
+            key, {"layer": key, "rep": None, "held": 0.0, **dict.fromkeys(_ROW_TERMS, 0.0)}
+        )
         for k in _ROW_TERMS:
             row[k] += getattr(r, k)
+        row["held"] += held[node.index]
         prim = plan.program.eqns[node.anchor].primitive if node.anchor >= 0 else ""
         flops = sum(m.flops for m in node.members)
         # ties (pools, reshapes: no FLOPs counted) go to real work over constant-like nodes
@@ -180,7 +186,7 @@ def plan_report(plan: Plan) -> str:
     sw = max([len(r["spec"]) for r in rows] + [4])
     head = (
         f"{'layer':<{w}}  {'config':<{cw}}  {'spec':<{sw}}  {'t_C ms':>9} {'t_X ms':>9} "
-        f"{'t_S ms':>9} {'MB':>9}"
+        f"{'t_S ms':>9} {'MB':>9} {'held MB':>9}"
     )
     mesh = dict(zip(plan.mesh_axes.names, plan.mesh_axes.sizes, strict=True))
     lines = [
@@ -193,7 +199,7 @@ def plan_report(plan: Plan) -> str:
         lines.append(
             f"{r['layer']:<{w}}  {r['config']:<{cw}}  {r['spec']:<{sw}}  "
             f"{r['t_C'] * 1e3:9.4f} {r['t_X'] * 1e3:9.4f} {r['t_S'] * 1e3:9.4f} "
-            f"{r['bytes'] / 1e6:9.4f}"
+            f"{r['bytes'] / 1e6:9.4f} {r['held'] / 1e6:9.3f}"
         )
     c = plan.cost
     n = len(plan.collectives)
@@ -205,6 +211,7 @@ def plan_report(plan: Plan) -> str:
         f"{c.comm_s * 1e3:.4f}; {c.comm_bytes / 1e6:.4f} MB sent per device; "
         f"{n} collective{'s' if n != 1 else ''}",
         certificate_line(plan),
+        memory_lines(plan),
         comparison(plan),
     ]
     hetero = heterogeneity_report(plan)
@@ -213,9 +220,20 @@ def plan_report(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def memory_lines(plan: Plan) -> str:
+    """Predicted memory per device, part by part, against the budget."""
+    m = plan.memory
+    head = "memory per device (predicted peak: arguments + results + live buffers)"
+    if plan.stats.get("budget_bound"):
+        head += "; the budget bound the plan: the fastest plan found that fits, not certified"
+    return head + "\n" + m.breakdown()
+
+
 def comparison(plan: Plan) -> str:
-    """Predicted step time and communication of this plan beside the baselines."""
-    lines = [f"{'strategy':<9} {'step ms':>10} {'comm MB':>10} {'vs data':>8}"]
+    """Predicted step time, communication and peak memory of this plan beside the baselines."""
+    lines = [f"{'strategy':<9} {'step ms':>10} {'comm MB':>10} {'vs data':>8} {'peak GB':>9}  fits"]
+    assignments = {s: a for s, (a, _) in plan.choice.baselines.items()}
+    assignments[plan.strategy] = plan.assignment
     entries = dict(plan.baselines)
     entries[plan.strategy] = plan.cost
     data = entries.get("data")
@@ -225,8 +243,11 @@ def comparison(plan: Plan) -> str:
         c = entries[name]
         speed = (data.step_s / c.step_s) if data and c.step_s > 0 else float("nan")
         mark = "*" if name == plan.strategy else " "
+        mem = plan.memory_model.estimate(assignments[name], plan.memory.budget)
+        fits = "-" if mem.fits is None else ("yes" if mem.fits else "NO")
         lines.append(
-            f"{name + mark:<9} {c.step_s * 1e3:10.4f} {c.comm_bytes / 1e6:10.4f} {speed:7.2f}x"
+            f"{name + mark:<9} {c.step_s * 1e3:10.4f} {c.comm_bytes / 1e6:10.4f} {speed:7.2f}x "
+            f"{mem.peak / 1e9:9.3f}  {fits}"
         )
     if len(plan.choice.runs) > 1:
         lines.append(search_line(plan))

@@ -21,6 +21,7 @@ from .graph import Program
 from .hardware import Cluster
 from .hardware.mesh_model import MeshAxes
 from .hardware.speeds import MeshSpeeds
+from .memory import MemoryEstimate, MemoryModel
 from .nodes import NodeGraph
 from .options import PlannerOptions
 from .search import Problem
@@ -69,6 +70,8 @@ class Plan:
     invar_specs: tuple[Spec, ...]  # per flat array argument
     outvar_specs: tuple[Spec, ...]  # per flat result
     feedback: Mapping[int, int]  # state result tensor -> argument tensor it becomes
+    memory: MemoryEstimate  # predicted bytes per device, with the budget it was planned for
+    memory_model: MemoryModel  # prices the memory of other assignments (variants)
 
     # ---- what it costs ---------------------------------------------------------------------
 
@@ -239,10 +242,12 @@ def with_assignment(plan: Plan, choice: Choice, stats: Mapping[str, Any]) -> Pla
     tensor_specs, invar_specs, outvar_specs = layouts(
         plan.program, plan.ng, plan.tables.configs, choice.assignment, plan.feedback
     )
+    memory = plan.memory_model.estimate(choice.assignment, plan.memory.budget)
     return dataclasses.replace(
         plan, strategy=choice.strategy, assignment=choice.assignment,
         evaluation=choice.evaluation, optimal=choice.optimal, choice=choice, stats=dict(stats),
         tensor_specs=tensor_specs, invar_specs=invar_specs, outvar_specs=outvar_specs,
+        memory=memory,
     )  # fmt: skip
 
 

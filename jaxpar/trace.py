@@ -11,6 +11,7 @@ signature and are closed over, exactly as `jax.jit(static_argnums=...)` would tr
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -34,6 +35,15 @@ _INLINE_PARAMS = {
     "remat2": "jaxpr",
     "custom_lin": None,  # only appears under linearize, never in a traced step
 }
+
+
+_REMAT = ("checkpoint", "remat", "remat2")
+
+
+@functools.cache
+def _barrier_primitive() -> Any:
+    """jax's optimization_barrier primitive (found through the public function)."""
+    return jax.make_jaxpr(jax.lax.optimization_barrier)(np.float32(0)).eqns[0].primitive
 
 
 class TraceError(ValueError):
@@ -122,7 +132,15 @@ class _Flattener:
             stack = f"{prefix}/{stack}" if prefix and stack else (prefix or stack)
             body_key = _INLINE_PARAMS.get(name)
             if body_key and body_key in eqn.params:
-                self.inline(eqn.params[body_key], eqn, env, stack)
+                if (
+                    name in _REMAT
+                    and eqn.params.get("prevent_cse")
+                    and eqn.params.get("differentiated")
+                ):
+                    over = self.barrier(eqn, env, stack)
+                else:
+                    over = {}
+                self.inline(eqn.params[body_key], eqn, env, stack, over)
                 continue
             read = [self.read(env, a) for a in eqn.invars]
             ins, lits = [r[0] for r in read], [r[1] for r in read]
@@ -145,7 +163,30 @@ class _Flattener:
                 )
             )
 
-    def inline(self, body: Any, eqn: Any, env: dict, stack: str) -> None:
+    def barrier(self, eqn: Any, env: dict, stack: str) -> dict:  # operand var -> barrier output
+        """An `optimization_barrier` on each array operand of a rematerialized call, as jax
+        lowers `jax.checkpoint(prevent_cse=True)`: without it XLA would merge the backward
+        pass's recomputation with the forward pass and keep the activations remat frees."""
+        over: dict = {}
+        prim = _barrier_primitive()
+        for atom in eqn.invars:
+            if isinstance(atom, jex_core.Literal) or not hasattr(atom.aval, "shape"):
+                continue
+            src = env[atom]
+            if self.tensors[src].opaque:
+                continue
+            out = self.new_tensor(atom.aval)
+            self.eqns.append(
+                Equation(
+                    index=len(self.eqns), primitive="optimization_barrier", params={},
+                    inputs=(src,), literals=(None,), outputs=(out,),
+                    name_stack=f"{stack}/remat_barrier" if stack else "remat_barrier", bind=prim,
+                )
+            )  # fmt: skip
+            over[atom] = out
+        return over
+
+    def inline(self, body: Any, eqn: Any, env: dict, stack: str, over: dict | None = None) -> None:
         if isinstance(body, jex_core.ClosedJaxpr):
             inner, consts = body.jaxpr, body.consts
         else:
@@ -158,7 +199,7 @@ class _Flattener:
         # custom_vjp_call_jaxpr-style calls may carry extra leading operands (consts)
         operands = list(eqn.invars)[-len(inner.invars) :] if inner.invars else []
         for iv, atom in zip(inner.invars, operands, strict=True):
-            tid, lit = self.read(env, atom)
+            tid, lit = (over[atom], None) if over and atom in over else self.read(env, atom)
             if tid is None:
                 tid = self.new_tensor(iv.aval)
                 self.consts[tid] = lit

@@ -18,11 +18,26 @@ vit_b16         ViT-B/16, 224x224x3                                          86.
 nnx_gpt         GPT-2 124M written with flax.nnx                             124M
 ==============  ===========================================================  ==========
 
+``LARGE`` are Llama-3-style decoders (``models/llama.py``: RMSNorm, RoPE, grouped-query
+attention, SwiGLU, untied LM head; float32 master weights computing in the ``dtype`` passed,
+e.g. bfloat16).  They are kept out of ``NAMES`` because the suites over ``NAMES`` plan and
+compare every model; at full size use them abstractly only (``ex.args``, never ``make_args``):
+
+==============  ===========================================================  ==========
+name            model                                                        parameters
+==============  ===========================================================  ==========
+llama3_8b       Llama 3 8B: 32 x d4096, 32 heads / 8 KV heads, FFN 14336     8.03B
+llama3_70b      Llama 3 70B: 80 x d8192, 64 heads / 8 KV heads, FFN 28672    70.6B
+==============  ===========================================================  ==========
+
 CNNs train with SGD + momentum 0.9 (LeNet-5 and the Soybean MLP with plain SGD), the
 transformers with AdamW.  Default full batches: 64 images for the ImageNet CNNs and ViT,
-8 x 1024 tokens for the GPTs.  ``EXTRA`` are small models kept for the test suite (``cnn``,
-``mlp``, ``gpt_small``, ``nnx_mlp``).  ``config["params"]`` of every example is its number of
-trainable parameters.
+8 x 1024 tokens for the GPTs, 8 x 4096 for the Llamas.  ``EXTRA`` are small models kept for the
+test suite (``cnn``, ``mlp``, ``gpt_small``, ``nnx_mlp``); ``LARGE_EXTRA`` holds the Llama test
+model ``llama_small`` (tested in tests/test_llama.py, not by the suites over ``EXTRA``).  The
+remat variant and batch/context overrides of a Llama: ``models.llama.llama_example(name,
+models.llama.llama_config(name, remat=True, batch=256, seq_len=4096))``.  ``config["params"]``
+of every example is its number of trainable parameters.
 
 Usage::
 
@@ -39,7 +54,7 @@ Adding a model: write a builder ``(batch, small, dtype) -> Example`` decorated w
 from __future__ import annotations
 
 # Family modules register their builders on import.
-from models import cnn, convnets, inception, mlp, nnx_models, transformer  # noqa: F401
+from models import cnn, convnets, inception, llama, mlp, nnx_models, transformer  # noqa: F401
 from models._train import Example, get, register, registered_names
 
 # The paper models, in the order the benchmarks report them.
@@ -62,7 +77,21 @@ NAMES: tuple[str, ...] = (
 )
 # Small test models kept for the suite (also registered; ``registered_names()`` lists all).
 EXTRA: tuple[str, ...] = ("cnn", "mlp", "gpt_small", "nnx_mlp")
+# Full-size Llamas (billions of parameters: abstract use only) and their small test model.
+LARGE: tuple[str, ...] = ("llama3_8b", "llama3_70b")
+LARGE_EXTRA: tuple[str, ...] = ("llama_small",)
 
-assert set(NAMES + EXTRA) == set(registered_names()), "NAMES/EXTRA out of sync with the registry"
+assert set(NAMES + EXTRA + LARGE + LARGE_EXTRA) == set(registered_names()), (
+    "NAMES/EXTRA/LARGE/LARGE_EXTRA out of sync with the registry"
+)
 
-__all__ = ["EXTRA", "NAMES", "Example", "get", "register", "registered_names"]
+__all__ = [
+    "EXTRA",
+    "LARGE",
+    "LARGE_EXTRA",
+    "NAMES",
+    "Example",
+    "get",
+    "register",
+    "registered_names",
+]

@@ -14,7 +14,7 @@ from jaxpar.cli import JSON_SCHEMA, main, parse_dtype, parse_mesh
 
 pytestmark = pytest.mark.api
 
-STRATEGY_NAMES = ("auto", "data", "model", "owt")
+STRATEGY_NAMES = ("auto", "data", "model", "owt", "fsdp", "fsdp_tp")
 
 
 def test_parse_mesh():
@@ -46,7 +46,7 @@ def test_plan_all_prints_comparison_and_layers(lenet_all, capsys):
     assert "auto vs best other" in out
     # the per-layer table has one configuration column per strategy
     conv = next(line for line in out.splitlines() if line.startswith("LeNet5/conv1"))
-    assert conv.count("{n=") == 4
+    assert conv.count("{n=") == len(STRATEGY_NAMES)
     # progress goes to stderr, one line per stage
     for stage in ("model", "trace", "graph", "costs", "search", "json", "plot"):
         assert f"] {stage}" in err, stage

@@ -71,7 +71,8 @@ def test_reshape_maps_major_dims():
 PURE_CORE = (
     "graph", "opspace", "rules", "rules_indexing", "nodes", "labels", "configs", "collectives",
     "reshard", "cost", "tables",
-    "search", "kcut", "baselines", "evaluate", "verify", "hardware", "hardware.devices",
+    "search", "kcut", "baselines", "evaluate", "memory", "budget", "verify", "hardware",
+    "hardware.devices",
     "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
     "hardware.speeds",
 )  # fmt: skip

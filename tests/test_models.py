@@ -67,7 +67,7 @@ def test_names_registered():
     )
     assert models.EXTRA == ("cnn", "mlp", "gpt_small", "nnx_mlp")
     assert len(set(ALL)) == len(ALL)
-    assert set(models.registered_names()) == set(ALL)
+    assert set(models.registered_names()) == set(ALL + models.LARGE + models.LARGE_EXTRA)
 
 
 @pytest.mark.api

@@ -138,6 +138,14 @@ def slowest_device(
     return peak_flops, min(spec.mem_bandwidth for spec in specs)
 
 
+def smallest_memory(cluster: Cluster, sizes: Sequence[int], device_ids: np.ndarray | None) -> float:
+    """Bytes of memory of the mesh's smallest device (a plan must fit every device)."""
+    positions = _checked_positions(cluster, tuple(int(s) for s in sizes), device_ids)
+    groups = cluster.all_groups()
+    present = np.unique(cluster.group_ids()[positions]).tolist()
+    return min(groups[g].device.memory_bytes for g in present)
+
+
 def _checked_positions(
     cluster: Cluster, sizes: tuple[int, ...], device_ids: np.ndarray | None
 ) -> np.ndarray:

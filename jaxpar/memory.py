@@ -1,0 +1,350 @@
+"""Memory per device of a train step under a plan: arguments, results, and live buffers.
+
+The model (docs/design.md, "Memory"), per device:
+
+    peak = arguments + results not aliased to a donated argument + max over program points of
+           the bytes of live intermediate buffers
+
+as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Buffers:
+
+- A tensor is a buffer when a node other than its producer reads it, or it is a result: the
+  members of one node (an anchor and its elementwise followers) fuse, as XLA fuses them. Its
+  bytes are its size over the shard count of its producer's layout.
+- A resharded copy is a buffer from its first reader to its last: `apply` emits each reshard
+  once per (tensor, before, after) and XLA's CSE merges repeated ones, so a parameter gathered
+  for the forward pass stays gathered until the backward pass reads it, unless remat
+  recomputes it behind an optimization barrier (`trace` keeps `jax.checkpoint`'s barrier).
+- A buffer lives from the equation producing it to its last reader, in program order.
+- Gradient synchronization: where partial sums over the batch are all-reduced, the CPU backend
+  combines them (`cpu-all-reduce-combiner`, no byte limit, 256 operands), so all of a group's
+  reduced gradients and their inputs are live at the group's last one (``combine_syncs``). A
+  GPU/TPU backend reduce-scatters each gradient where it is produced.
+- Arguments are live for the whole step; a donated state argument's buffer holds its new value.
+
+`MemoryModel` precomputes what does not depend on the assignment, so the budget search can price
+many assignments. The Lagrangian proxy (`MemoryModel.node_bytes`) is linear in the node
+configurations: argument bytes plus the buffers that cross the forward→backward boundary or
+hold gradients. Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .configs import Config, dim_degrees, shard_count, spec_of
+from .graph import BACKWARD, FORWARD, UPDATE
+from .nodes import NodeGraph
+from .rules import ELEMENTWISE
+from .tables import EdgeUse
+
+FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
+COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
+ARG_KINDS = ("params", "optimizer", "batch", "other")
+RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, fragmentation)
+
+
+class MemoryBudgetError(ValueError):
+    """No plan the planner can reach fits the memory budget (or the budget is impossible)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted bytes per device of one train step under a plan."""
+
+    params: float  # parameter arguments
+    optimizer: float  # optimizer-state arguments
+    batch: float  # batch arguments
+    other_args: float  # any other argument
+    outputs: float  # results not aliased to a donated argument
+    activations: float  # forward buffers live at the peak (saved for the backward pass)
+    gradients: float  # backward buffers live at the peak
+    temporaries: float  # other buffers live at the peak
+    peak: float  # arguments + outputs + live buffers at the peak
+    peak_phase: str  # phase of the equation at the peak
+    peak_layer: str  # its layer
+    budget: float | None = None
+
+    @property
+    def arguments(self) -> float:
+        return self.params + self.optimizer + self.batch + self.other_args
+
+    @property
+    def state(self) -> float:
+        """Parameters and optimizer state: what FSDP / ZeRO shards."""
+        return self.params + self.optimizer
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.budget is None else self.peak <= self.budget
+
+    def with_budget(self, budget: float | None) -> MemoryEstimate:
+        return dataclasses.replace(self, budget=budget)
+
+    def as_dict(self) -> dict[str, float | str | bool | None]:
+        out = dataclasses.asdict(self)
+        out["fits"] = self.fits
+        return out
+
+    def breakdown(self) -> str:
+        """One line per part, in GB."""
+        parts = [
+            ("params", self.params), ("optimizer state", self.optimizer), ("batch", self.batch),
+            ("other arguments", self.other_args), ("outputs", self.outputs),
+            ("activations", self.activations), ("gradients", self.gradients),
+            ("temporaries", self.temporaries),
+        ]  # fmt: skip
+        lines = [f"  {name:<16} {gb(v):>10}" for name, v in parts if v]
+        where = ", ".join(x for x in (self.peak_phase, self.peak_layer) if x)
+        lines.append(f"  {'peak':<16} {gb(self.peak):>10}  (at {where or 'the start'})")
+        if self.budget is not None:
+            verdict = "fits" if self.fits else "DOES NOT FIT"
+            lines.append(f"  {'budget':<16} {gb(self.budget):>10}  {verdict}")
+        return "\n".join(lines)
+
+
+def gb(nbytes: float) -> str:
+    """Bytes for people: GB from 1 GB up, else MB."""
+    if abs(nbytes) >= 1e9:
+        return f"{nbytes / 1e9:.2f} GB"
+    return f"{nbytes / 1e6:.2f} MB"
+
+
+def parse_bytes(value: float | int | str) -> float:
+    """``60e9``, ``"60GB"``, ``"80 GiB"``, ``"512MB"`` -> bytes."""
+    if isinstance(value, bool):
+        raise TypeError(f"memory budget must be bytes or a string like '60GB', not {value!r}")
+    if isinstance(value, (int, float)):
+        if not value > 0:
+            raise ValueError(f"memory budget must be positive, got {value!r}")
+        return float(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([KMGT]i?B|B)?\s*", str(value), re.I)
+    if not m:
+        raise ValueError(f"memory budget {value!r}: give bytes or a size like '60GB' or '80GiB'")
+    units = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+    units |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    out = float(m.group(1)) * units[(m.group(2) or "B").upper()]
+    if not out > 0:
+        raise ValueError(f"memory budget must be positive, got {value!r}")
+    return out
+
+
+def arg_kind(path: str, is_batch: bool) -> str:
+    """Classify an argument by its pytree path: optimizer state, parameters, batch, other."""
+    if is_batch:
+        return "batch"
+    if "opt_state" in path or re.search(r"\b(mu|nu|momentum|trace)\b", path):
+        return "optimizer"
+    if "param" in path or "kernel" in path or "embedding" in path or "scale" in path:
+        return "params"
+    return "other"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryInputs:
+    """What the model needs besides the assignment."""
+
+    ng: NodeGraph
+    configs: Sequence[Sequence[Config]]
+    uses: Sequence[EdgeUse]
+    sizes: Sequence[int]
+    feedback: Mapping[int, int]  # state result -> argument it becomes
+    arg_kinds: Mapping[int, str]  # argument tensor -> one of ARG_KINDS
+    donated: frozenset[int]  # argument tensors whose buffers the step may reuse
+    grad_sync: Callable[[int, Config], bool]  # node, config -> reduces gradients over the batch
+    combine_syncs: bool  # the backend combines gradient all-reduces (CPU)
+
+
+class MemoryModel:
+    """Liveness of a program's buffers; `estimate` prices one assignment."""
+
+    def __init__(self, inputs: MemoryInputs):
+        self.inp = inputs
+        ng = inputs.ng
+        program = ng.program
+        self.n_eqns = len(program.eqns)
+        self.end = self.n_eqns  # results are read "after all"
+        self.producer_eqn: dict[int, int] = {}
+        for e in program.eqns:
+            for t in e.outputs:
+                self.producer_eqn[t] = e.index
+        self.reads: dict[int, list[EdgeUse]] = {}
+        for u in inputs.uses:
+            self.reads.setdefault(u.tensor, []).append(u)
+        self.long_lived = long_lived_tensors(ng, inputs.uses)
+        self._node_bytes: dict[int, np.ndarray] = {}
+        self.outvar_set = {t for t in program.outvars if t is not None}
+        self.invar_set = set(program.invars)
+        # results of contractions, reductions, gathers...: XLA fuses elementwise chains
+        # (`nodes` groups them) but not into these producers, so they are buffers
+        self.unfused = {t: e.primitive not in FUSIBLE for e in program.eqns for t in e.outputs}
+        self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
+        self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
+
+    def _bytes(self, t: int, spec) -> float:
+        tensor = self.inp.ng.program.tensors[t]
+        if tensor.opaque or not tensor.nbytes:
+            return 0.0
+        return tensor.nbytes / shard_count(spec, self.inp.sizes)
+
+    def estimate(self, assignment: Sequence[int], budget: float | None = None) -> MemoryEstimate:
+        """Per-device memory of ``assignment`` (indices into each node's configurations)."""
+        inp, ng = self.inp, self.inp.ng
+        program = ng.program
+        cfg = [inp.configs[v][a] for v, a in enumerate(assignment)]
+        spec: dict[int, tuple] = {}
+        for node in ng.nodes:
+            for t, m in node.tensor_maps.items():
+                spec[t] = spec_of(m, cfg[node.index])
+        args = dict.fromkeys(ARG_KINDS, 0.0)
+        for t in program.invars:
+            args[inp.arg_kinds.get(t, "other")] += self._bytes(t, spec.get(t, ()))
+        n = self.n_eqns + 2
+        delta = np.zeros(n)
+        kinds = {FORWARD: np.zeros(n), BACKWARD: np.zeros(n), UPDATE: np.zeros(n)}
+        outputs = 0.0
+
+        def live(size: float, born: int, dies: int, phase: str) -> None:
+            if size <= 0:
+                return
+            born, dies = max(born, 0), max(dies, born)
+            delta[born] += size
+            delta[dies + 1] -= size
+            k = kinds.get(phase, kinds[UPDATE])
+            k[born] += size
+            k[dies + 1] -= size
+
+        out_specs = {}
+        for t in program.outvars:
+            if t is not None:
+                out_specs[t] = spec[inp.feedback[t]] if t in inp.feedback else spec.get(t, ())
+        syncs = self._sync_tensors(cfg)
+        combine_at = self._combine_points(syncs) if inp.combine_syncs else {}
+        for t, reads in self.reads.items():
+            self._tensor_buffers(t, reads, cfg, spec, out_specs, combine_at, live)
+        for t, s in out_specs.items():
+            if not (t in inp.feedback and inp.feedback[t] in inp.donated):
+                size = self._bytes(t, s)
+                outputs += size
+                live(size, self.producer_eqn.get(t, -1), self.end, UPDATE)
+        profile = np.cumsum(delta)[: self.n_eqns + 1]
+        at = int(np.argmax(profile)) if len(profile) else 0
+        live_at = {k: float(np.cumsum(v)[at]) for k, v in kinds.items()}
+        peak_live = float(profile[at]) if len(profile) else 0.0
+        eq = min(at, self.n_eqns - 1)
+        return MemoryEstimate(
+            params=args["params"], optimizer=args["optimizer"], batch=args["batch"],
+            other_args=args["other"], outputs=outputs, activations=live_at[FORWARD],
+            gradients=live_at[BACKWARD], temporaries=live_at[UPDATE],
+            peak=sum(args.values()) + peak_live,
+            peak_phase=self.phase_of_eqn[eq] if self.n_eqns else "",
+            peak_layer=self.label_of_eqn[eq] if self.n_eqns else "", budget=budget,
+        )  # fmt: skip
+
+    def _sync_tensors(self, cfg: Sequence[Config]) -> dict[int, int]:
+        """Reduced gradient tensor -> its producing equation, for gradient-sync nodes."""
+        out = {}
+        for node in self.inp.ng.nodes:
+            if node.anchor >= 0 and self.inp.grad_sync(node.index, cfg[node.index]):
+                for t in self.inp.ng.program.eqns[node.anchor].outputs:
+                    out[t] = node.anchor
+        return out
+
+    def _combine_points(self, syncs: dict[int, int]) -> dict[int, int]:
+        """Gradient tensor -> equation where its combined all-reduce runs (the group's last)."""
+        order = sorted(syncs, key=syncs.get)
+        out = {}
+        for i in range(0, len(order), COMBINE_COUNT):
+            group = order[i : i + COMBINE_COUNT]
+            at = max(syncs[t] for t in group)
+            out.update(dict.fromkeys(group, at))
+        return out
+
+    def _tensor_buffers(self, t, reads, cfg, spec, out_specs, combine_at, live) -> None:
+        """Register the buffers of tensor ``t``: the produced one and its resharded copies."""
+        ng = self.inp.ng
+        tensor = ng.program.tensors[t]
+        if tensor.opaque or not tensor.nbytes or not tensor.shape or t in ng.program.consts:
+            return
+        is_arg = t in self.invar_set
+        born = -1 if is_arg else self.producer_eqn.get(t, -1)
+        src = ng.node_of_tensor.get(t)
+        have = spec.get(t, ())
+        phase = ng.nodes[src].phase if src is not None else UPDATE
+        own = src is not None and (
+            self.unfused.get(t, False) or len({u.order[0] for u in reads}) > 1
+        )
+        external = [u for u in reads if u.dst != src or u.order[0] >= self.end or own]
+        copies: dict[tuple, list[int]] = {}
+        last_direct = born
+        for u in external:
+            at = min(u.order[0], self.end)
+            want = spec_of(u.dst_map, cfg[u.dst])
+            if want == have or at >= self.end:
+                last_direct = max(last_direct, at)
+            else:
+                copies.setdefault(want, []).append(at)
+        for want, ats in copies.items():
+            last_direct = max(last_direct, min(ats))  # the copy is made from the original
+            live(self._bytes(t, want), min(ats), max(ats), phase)
+        if is_arg or not external:
+            return  # arguments are counted whole; a tensor read only in its node is fused
+        if t in self.outvar_set and out_specs.get(t) == have:
+            return  # the produced buffer is the result (counted as an output)
+        size = self._bytes(t, have)
+        if t in combine_at:
+            at = combine_at[t]
+            live(size, born, at, phase)  # the partial sum, until the combined all-reduce
+            live(size, at, max(last_direct, at), phase)  # the reduced gradient
+        else:
+            live(size, born, last_direct, phase)
+
+    def held_bytes(self, assignment: Sequence[int]) -> list[float]:
+        """Per node, `node_bytes` of its configuration in ``assignment``."""
+        return [float(self.node_bytes(v)[a]) for v, a in enumerate(assignment)]
+
+    def node_bytes(self, node: int) -> np.ndarray:
+        """The Lagrangian proxy, per configuration of ``node``: the bytes it holds for long.
+
+        An input node: its argument's shard (not the batch: every plan splits it alike). Any
+        other node: its buffers read in a later phase (activations saved for the backward pass,
+        gradients read by the update), each over the shard count of its layout.
+        """
+        if node in self._node_bytes:
+            return self._node_bytes[node]
+        inp = self.inp
+        nd = inp.ng.nodes[node]
+        cfgs = inp.configs[node]
+        D = dim_degrees(cfgs, len(nd.space.sizes), inp.sizes)
+        out = np.zeros(len(cfgs))
+        for t, mp in nd.tensor_maps.items():
+            tensor = inp.ng.program.tensors[t]
+            if tensor.opaque or not tensor.nbytes or mp is None:
+                continue
+            if nd.anchor < 0:
+                if inp.arg_kinds.get(t, "other") == "batch":
+                    continue
+            elif t not in self.long_lived:
+                continue
+            shards = np.ones(len(cfgs))
+            for m in mp:
+                if m is not None:
+                    shards = shards * D[:, m]
+            out += tensor.nbytes / shards
+        self._node_bytes[node] = out
+        return out
+
+
+def long_lived_tensors(ng: NodeGraph, uses: Sequence[EdgeUse]) -> frozenset[int]:
+    """Tensors read in a later phase than the one producing them (forward -> backward,
+    backward -> update): the buffers that pile up towards the peak."""
+    rank = {FORWARD: 0, BACKWARD: 1, UPDATE: 2}
+    out = set()
+    for u in uses:
+        src, dst = ng.nodes[u.src], ng.nodes[u.dst]
+        if src.anchor >= 0 and rank.get(dst.phase, 2) > rank.get(src.phase, 2):
+            out.add(u.tensor)
+    return frozenset(out)

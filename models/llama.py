@@ -1,0 +1,313 @@
+"""Linen Llama-3-style decoders (next-token prediction), mixed precision, optional remat.
+
+* ``llama3_8b``: Llama 3 8B (Meta, 2024): 32 layers, d=4096, 32 heads, 8 KV heads (head_dim
+  128), SwiGLU FFN 14336, vocabulary 128256, 8,030,261,248 parameters;
+* ``llama3_70b``: Llama 3 70B: 80 layers, d=8192, 64 heads, 8 KV heads, FFN 28672, the same
+  vocabulary, 70,553,706,496 parameters;
+* ``llama_small``: a 2-layer test decoder of the same structure (the same config for
+  ``small=True`` and ``small=False``).
+
+A block is ``x + attn(rms_norm(x))``, then ``x + swiglu(rms_norm(x))``: grouped-query attention
+(``num_kv_heads`` K/V heads, each shared by ``num_heads / num_kv_heads`` query heads; K and V
+are repeated up to ``num_heads``) with rotary position embeddings (RoPE, theta 500000, the
+"rotate half" pairing of dimension ``i`` with ``i + head_dim / 2``) and a causal mask, and a
+SwiGLU MLP ``down(silu(gate(x)) * up(x))``.  No biases anywhere; a final RMSNorm and an untied
+LM head.  Attention is written out with ``jnp.einsum`` and a softmax (no fused attention), and
+the blocks are an unrolled Python loop (no ``nn.scan``), as in ``models/transformer.py``.
+
+Mixed precision: parameters (the master weights AdamW updates) are float32 and the layers
+compute in the compute ``dtype`` (bfloat16 by default for the full-size configs when built with
+``llama_example``); RMSNorm, the RoPE rotation and the softmax compute in float32 and cast back;
+logits and the loss are float32.  With ``dtype=float64`` parameters are float64 too and nothing
+is computed in a narrower type (the loss itself is float32, as for every zoo model).
+
+``cfg["remat"] = True`` wraps every block in ``nn.remat``: activations inside a block are
+recomputed in the backward pass instead of stored.  The registered names use ``remat=False``;
+build the remat variant with ``llama_example(name, llama_config(name, remat=True))``.
+
+Full-size batches are 8 sequences of 4096 tokens; ``llama_config(..., batch=, seq_len=)``
+overrides both (e.g. 256 x 4096 for benchmarks).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from models._train import (
+    Example,
+    build_example,
+    linen_init_state,
+    linen_lm_step,
+    register,
+    token_batch_spec,
+)
+
+
+def param_dtype_for(dtype: Any) -> jnp.dtype:
+    """Master-weight dtype for a compute dtype: float64 for float64, else float32."""
+    return jnp.dtype(jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32)
+
+
+def _accumulation_dtype(dtype: Any) -> jnp.dtype:
+    """At least float32: the type of norms, RoPE and softmax for a compute dtype."""
+    return jnp.promote_types(jnp.float32, dtype)
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * scale``, computed in (at least) float32 and cast to ``dtype``."""
+
+    eps: float = 1e-5
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        acc = _accumulation_dtype(x.dtype)
+        x = x.astype(acc)
+        x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+        return (x * scale.astype(acc)).astype(self.dtype)
+
+
+def rope_tables(length: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(cos, sin)`` of shape ``[length, head_dim]`` for the rotate-half RoPE pairing.
+
+    Dimension ``i`` and ``i + head_dim / 2`` rotate together by ``pos * theta**(-2i/head_dim)``.
+    Computed in NumPy float64 at trace time, so the program holds them as constants.
+    """
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rope(x: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding of ``x: [batch, length, heads, head_dim]`` (float32 math)."""
+    _, length, _, head_dim = x.shape
+    acc = _accumulation_dtype(x.dtype)
+    cos, sin = (t[None, :, None, :].astype(acc) for t in rope_tables(length, head_dim, theta))
+    xf = x.astype(acc)
+    half = head_dim // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with RoPE; no biases."""
+
+    num_heads: int
+    num_kv_heads: int
+    rope_theta: float = 500_000.0
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        batch, length, d_model = x.shape
+        head_dim = d_model // self.num_heads
+        group = self.num_heads // self.num_kv_heads
+        kw = {"use_bias": False, "dtype": self.dtype, "param_dtype": self.param_dtype}
+        q = nn.Dense(self.num_heads * head_dim, name="q", **kw)(x)
+        k = nn.Dense(self.num_kv_heads * head_dim, name="k", **kw)(x)
+        v = nn.Dense(self.num_kv_heads * head_dim, name="v", **kw)(x)
+        q = apply_rope(q.reshape(batch, length, self.num_heads, head_dim), self.rope_theta)
+        k = apply_rope(k.reshape(batch, length, self.num_kv_heads, head_dim), self.rope_theta)
+        v = v.reshape(batch, length, self.num_kv_heads, head_dim)
+        # grouped-query attention: query head h reads K/V head h // group
+        k = jnp.repeat(k, group, axis=2)
+        v = jnp.repeat(v, group, axis=2)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+        # softmax in (at least) float32
+        acc = _accumulation_dtype(self.dtype)
+        scores = scores.astype(acc)
+        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+        scores = jnp.where(causal, scores, jnp.finfo(acc).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+        out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        out = out.reshape(batch, length, self.num_heads * head_dim)
+        return nn.Dense(d_model, name="o", **kw)(out)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with hidden width ``ffn_dim``; no biases."""
+
+    ffn_dim: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kw = {"use_bias": False, "dtype": self.dtype, "param_dtype": self.param_dtype}
+        gate = nn.Dense(self.ffn_dim, name="gate", **kw)(x)
+        up = nn.Dense(self.ffn_dim, name="up", **kw)(x)
+        return nn.Dense(x.shape[-1], name="down", **kw)(nn.silu(gate) * up)
+
+
+class LlamaBlock(nn.Module):
+    """Pre-RMSNorm block: ``x + attn(norm(x))``, then ``x + swiglu(norm(x))``."""
+
+    num_heads: int
+    num_kv_heads: int
+    ffn_dim: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 500_000.0
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        h = RMSNorm(self.norm_eps, name="attn_norm", **kw)(x)
+        x = x + Attention(self.num_heads, self.num_kv_heads, self.rope_theta, name="attn", **kw)(h)
+        h = RMSNorm(self.norm_eps, name="mlp_norm", **kw)(x)
+        return x + SwiGLU(self.ffn_dim, name="mlp", **kw)(h)
+
+
+class Llama(nn.Module):
+    """Token embedding, ``num_layers`` blocks, final RMSNorm, untied LM head (f32 logits)."""
+
+    vocab_size: int
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_dim: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 500_000.0
+    remat: bool = False
+    dtype: Any = jnp.bfloat16
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        x = nn.Embed(self.vocab_size, self.d_model, name="embed", **kw)(tokens)
+        block = nn.remat(LlamaBlock) if self.remat else LlamaBlock
+        for i in range(self.num_layers):
+            x = block(
+                self.num_heads,
+                self.num_kv_heads,
+                self.ffn_dim,
+                self.norm_eps,
+                self.rope_theta,
+                name=f"block{i}",
+                **kw,
+            )(x)
+        x = RMSNorm(self.norm_eps, name="norm_f", **kw)(x)
+        logits = nn.Dense(self.vocab_size, use_bias=False, name="lm_head", **kw)(x)
+        return logits.astype(_accumulation_dtype(self.dtype))
+
+
+def _config(
+    layers: int, d_model: int, heads: int, kv_heads: int, ffn: int, vocab: int, **rest: Any
+) -> dict[str, Any]:
+    return {
+        "batch": 8,
+        "seq_len": 4096,
+        "vocab_size": vocab,
+        "num_layers": layers,
+        "d_model": d_model,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "ffn_dim": ffn,
+        "norm_eps": 1e-5,
+        "rope_theta": 500_000.0,
+        "remat": False,
+        "dtype": "bfloat16",  # default compute dtype of llama_example
+        "lr": 3e-4,
+        "weight_decay": 0.1,
+        **rest,
+    }
+
+
+# Published shapes.
+_LLAMA3_8B = _config(32, 4096, 32, 8, 14336, 128256)
+_LLAMA3_70B = _config(80, 8192, 64, 8, 28672, 128256)
+# Tiny configs of the same structure: every shardable dimension (batch, d_model, heads, KV
+# heads, FFN, vocabulary) divisible by 8; head_dim 8; the full-size GQA group sizes (4 and 8).
+_SMALL = {"batch": 16, "seq_len": 16, "dtype": "float32", "lr": 1e-3}
+_LLAMA_SMALL = _config(2, 128, 16, 8, 256, 256, **_SMALL)
+_LLAMA3_8B_SMALL = _config(2, 256, 32, 8, 512, 256, **_SMALL)
+_LLAMA3_70B_SMALL = _config(2, 512, 64, 8, 1024, 256, **_SMALL)
+
+CONFIGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # name: (small, full)
+    "llama3_8b": (_LLAMA3_8B_SMALL, _LLAMA3_8B),
+    "llama3_70b": (_LLAMA3_70B_SMALL, _LLAMA3_70B),
+    "llama_small": (_LLAMA_SMALL, _LLAMA_SMALL),
+}
+
+
+def llama_config(
+    name: str,
+    small: bool = False,
+    remat: bool = False,
+    batch: int | None = None,
+    seq_len: int | None = None,
+) -> dict[str, Any]:
+    """A fresh copy of the config of ``name`` (a key of ``CONFIGS``), with overrides."""
+    if name not in CONFIGS:
+        raise KeyError(f"unknown Llama config {name!r}; known: {', '.join(CONFIGS)}")
+    cfg = dict(CONFIGS[name][0 if small else 1])
+    cfg["remat"] = bool(remat)
+    if batch is not None:
+        cfg["batch"] = int(batch)
+    if seq_len is not None:
+        cfg["seq_len"] = int(seq_len)
+    return cfg
+
+
+def llama_example(name: str, cfg: dict[str, Any], dtype: Any = None) -> Example:
+    """A Llama decoder + AdamW train step from a config dict (keys as in ``llama_config``).
+
+    ``dtype`` is the compute dtype (``None``: ``cfg["dtype"]``, bfloat16 for the full-size
+    configs); parameters are float32 (float64 when ``dtype`` is float64).
+    """
+    cfg = dict(cfg)
+    dtype = jnp.dtype(cfg.get("dtype", "bfloat16") if dtype is None else dtype)
+    if cfg["d_model"] % cfg["num_heads"] or cfg["num_heads"] % cfg["num_kv_heads"]:
+        raise ValueError(f"{name}: need num_kv_heads | num_heads | d_model, got {cfg}")
+    model = Llama(
+        vocab_size=cfg["vocab_size"],
+        num_layers=cfg["num_layers"],
+        d_model=cfg["d_model"],
+        num_heads=cfg["num_heads"],
+        num_kv_heads=cfg["num_kv_heads"],
+        ffn_dim=cfg["ffn_dim"],
+        norm_eps=cfg["norm_eps"],
+        rope_theta=cfg["rope_theta"],
+        remat=bool(cfg.get("remat", False)),
+        dtype=dtype,
+        param_dtype=param_dtype_for(dtype),
+    )
+    tx = optax.adamw(cfg["lr"], b1=0.9, b2=0.95, weight_decay=cfg["weight_decay"])
+    spec = token_batch_spec(cfg["batch"], cfg["seq_len"])
+    cfg["dtype"] = dtype.name
+    cfg["param_dtype"] = param_dtype_for(dtype).name
+    init = linen_init_state(model, tx, spec["tokens"])
+    return build_example(name, model, linen_lm_step, init, spec, cfg)
+
+
+@register("llama3_8b")
+def llama3_8b(batch: int | None, small: bool, dtype: Any) -> Example:
+    """Llama 3 8B (32 x d4096, 32/8 heads, SwiGLU 14336), AdamW; batch 8x4096."""
+    return llama_example("llama3_8b", llama_config("llama3_8b", small, batch=batch), dtype)
+
+
+@register("llama3_70b")
+def llama3_70b(batch: int | None, small: bool, dtype: Any) -> Example:
+    """Llama 3 70B (80 x d8192, 64/8 heads, SwiGLU 28672), AdamW; batch 8x4096."""
+    return llama_example("llama3_70b", llama_config("llama3_70b", small, batch=batch), dtype)
+
+
+@register("llama_small")
+def llama_small(batch: int | None, small: bool, dtype: Any) -> Example:
+    """2-layer Llama test decoder (d128, 16/8 heads, SwiGLU 256, vocab 256), AdamW; 16x16."""
+    return llama_example("llama_small", llama_config("llama_small", small, batch=batch), dtype)

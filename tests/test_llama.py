@@ -1,0 +1,205 @@
+"""The Llama family (models/llama.py): closed-form parameter counts of the published shapes
+(abstract, nothing allocated), training of the small config, remat equivalence, grouped-query
+attention against a per-head reference, mixed precision, and planner coverage."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpar
+import models
+from models.llama import Attention, llama_config, llama_example
+
+# Published totals (Meta's model cards: 8.03B and 70.6B).
+PUBLISHED_PARAMS = {"llama3_8b": 8.03e9, "llama3_70b": 70.55e9}
+
+
+def closed_form_params(cfg: dict) -> int:
+    """Embedding + layers (attention, SwiGLU, two norms) + final norm + untied LM head."""
+    d, vocab, ffn = cfg["d_model"], cfg["vocab_size"], cfg["ffn_dim"]
+    heads, kv_heads = cfg["num_heads"], cfg["num_kv_heads"]
+    head_dim = d // heads
+    attention = d * heads * head_dim + 2 * d * kv_heads * head_dim + heads * head_dim * d
+    layer = attention + 3 * d * ffn + 2 * d
+    return vocab * d + cfg["num_layers"] * layer + d + d * vocab
+
+
+def _remat_equations(jaxpr) -> int:
+    """Number of checkpoint/remat equations in ``jaxpr`` and its sub-jaxprs."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name in ("checkpoint", "remat", "remat2")
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += _remat_equations(inner)
+    return count
+
+
+@pytest.mark.closed_form
+@pytest.mark.parametrize("name", models.LARGE)
+def test_full_param_counts(name):
+    ex = models.get(name)  # abstract: eval_shape of init, nothing allocated
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(ex.args))
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(ex.args[0].params))
+    assert n == ex.config["params"] == closed_form_params(ex.config)
+    assert abs(n / PUBLISHED_PARAMS[name] - 1) <= 0.01, (name, n)
+    assert n == {"llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496}[name]
+    assert ex.args[1]["tokens"].shape == (8, 4096)
+
+
+@pytest.mark.closed_form
+@pytest.mark.parametrize("name", (*models.LARGE, *models.LARGE_EXTRA))
+def test_small_param_counts_and_divisibility(name):
+    ex = models.get(name, small=True)
+    assert ex.config["params"] == closed_form_params(ex.config)
+    cfg = ex.config
+    for key in ("batch", "d_model", "num_heads", "num_kv_heads", "ffn_dim", "vocab_size"):
+        assert cfg[key] % 8 == 0, (name, key, cfg[key])
+    assert cfg["num_kv_heads"] < cfg["num_heads"]
+
+
+@pytest.mark.api
+def test_config_overrides():
+    cfg = llama_config("llama3_70b", remat=True, batch=64, seq_len=2048)
+    assert (cfg["batch"], cfg["seq_len"], cfg["remat"]) == (64, 2048, True)
+    assert cfg["rope_theta"] == 500_000.0 and cfg["norm_eps"] == 1e-5
+    assert llama_config("llama3_70b")["remat"] is False  # the stored config is untouched
+    assert models.get("llama_small", batch=24).args[1]["tokens"].shape == (24, 16)
+    with pytest.raises(KeyError, match="unknown Llama config"):
+        llama_config("llama3_405b")
+
+
+@pytest.mark.numerics
+def test_small_trains_in_float32():
+    ex = models.get("llama_small", small=True)
+    state, batch = ex.make_args(0)
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
+    step = jax.jit(ex.step)
+    losses = []
+    for _ in range(4):
+        state, metrics = step(state, batch)
+        assert metrics["loss"].dtype == jnp.float32
+        losses.append(float(metrics["loss"]))
+    assert np.all(np.isfinite(losses))
+    assert losses[3] < losses[2] < losses[1] < losses[0], losses
+
+
+@pytest.mark.numerics
+def test_remat_matches_plain_in_float64():
+    with jax.enable_x64(True):
+        plain = llama_example("llama_small", llama_config("llama_small"), jnp.float64)
+        remat = llama_example("llama_small", llama_config("llama_small", remat=True), jnp.float64)
+        state, batch = plain.make_args(0)
+        assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float64)}
+        # the same parameters and optimizer state, applied by the remat model
+        remat_state = state.replace(apply_fn=remat.model.apply, tx=remat.args[0].tx)
+        assert _remat_equations(jax.make_jaxpr(plain.step)(state, batch).jaxpr) == 0
+        assert _remat_equations(jax.make_jaxpr(remat.step)(remat_state, batch).jaxpr) > 0
+        # one program for both steps: a single (CPU) compilation
+        both = jax.jit(lambda s, rs, b: (plain.step(s, b), remat.step(rs, b)))
+        (want, want_metrics), (got, got_metrics) = both(state, remat_state, batch)
+    np.testing.assert_allclose(got_metrics["loss"], want_metrics["loss"], rtol=1e-12)
+    for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params), strict=True):
+        assert a.dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)
+
+
+def _reference_attention(x, params, num_heads, num_kv_heads, theta):
+    """Per-head causal attention in NumPy float64; RoPE as complex rotation of (i, i + hd/2)."""
+    x = np.asarray(x, np.float64)
+    w = {k: np.asarray(v["kernel"], np.float64) for k, v in params.items()}
+    batch, length, d = x.shape
+    hd = d // num_heads
+    half = hd // 2
+    angle = np.arange(length)[:, None] * theta ** (-2.0 * np.arange(half) / hd)
+    rotation = np.exp(1j * angle)  # [length, half]
+
+    def rope(t):  # [batch, length, hd]
+        z = (t[..., :half] + 1j * t[..., half:]) * rotation
+        return np.concatenate([z.real, z.imag], axis=-1)
+
+    q = (x @ w["q"]).reshape(batch, length, num_heads, hd)
+    k = (x @ w["k"]).reshape(batch, length, num_kv_heads, hd)
+    v = (x @ w["v"]).reshape(batch, length, num_kv_heads, hd)
+    mask = np.tril(np.ones((length, length), bool))
+    heads = []
+    for h in range(num_heads):
+        kv = h // (num_heads // num_kv_heads)  # the K/V head this query head shares
+        scores = rope(q[:, :, h]) @ rope(k[:, :, kv]).transpose(0, 2, 1) / np.sqrt(hd)
+        scores = np.where(mask, scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        heads.append(probs @ v[:, :, kv])
+    return np.concatenate(heads, axis=-1) @ w["o"]
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("num_kv_heads", [8, 2])
+def test_grouped_query_attention_matches_reference(num_kv_heads):
+    num_heads, d, theta = 8, 64, 500_000.0
+    module = Attention(num_heads, num_kv_heads, theta, dtype=jnp.float32)
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 16, d), jnp.float32)
+    params = module.init(jax.random.PRNGKey(1), x)["params"]
+    assert params["q"]["kernel"].shape == (d, d)
+    assert params["k"]["kernel"].shape == params["v"]["kernel"].shape == (d, num_kv_heads * 8)
+    # a large theta leaves the high frequencies untested: check a small one too
+    for rope_theta in (theta, 10.0):
+        got = module.clone(rope_theta=rope_theta).apply({"params": params}, x)
+        want = _reference_attention(x, params, num_heads, num_kv_heads, rope_theta)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.numerics
+def test_bfloat16_mixed_precision():
+    ex = models.get("llama_small", small=True, dtype=jnp.bfloat16)
+    assert ex.config["dtype"] == "bfloat16" and ex.config["param_dtype"] == "float32"
+    state, batch = ex.make_args(0)
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
+    step = jax.jit(ex.step).trace(state, batch)
+    dots = [e for e in step.jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+    new_state, metrics = step.lower().compile()(state, batch)
+    assert metrics["loss"].dtype == jnp.float32 and np.isfinite(float(metrics["loss"]))
+    assert {x.dtype for x in jax.tree.leaves(new_state.params)} == {jnp.dtype(jnp.float32)}
+
+
+@pytest.mark.api
+def test_full_size_default_is_bfloat16_compute():
+    # llama_example without a dtype computes a full-size config in bfloat16 (one layer here
+    # to keep the abstract build cheap); parameters stay float32
+    cfg = llama_config("llama3_8b", batch=8, seq_len=128)
+    cfg["num_layers"] = 1
+    ex = llama_example("llama3_8b", cfg)
+    assert ex.config["dtype"] == "bfloat16"
+    assert {x.dtype for x in jax.tree.leaves(ex.args[0].params)} == {jnp.dtype(jnp.float32)}
+    _, metrics = jax.eval_shape(ex.step, *ex.args)
+    assert metrics["loss"].dtype == jnp.float32
+
+
+@pytest.mark.api
+@pytest.mark.parametrize("remat", [False, True])
+def test_every_primitive_has_a_sharding_rule(remat):
+    from jaxpar import rules
+    from jaxpar.trace import trace
+
+    ex = llama_example("llama_small", llama_config("llama_small", remat=remat), jnp.float32)
+    program, _ = trace(ex.step, ex.args)
+    fallback = {
+        e.primitive
+        for e in program.eqns
+        if rules.RULES.get(e.primitive, rules.replicated_space) is rules.replicated_space
+    }
+    assert not fallback, sorted(fallback)
+
+
+@pytest.mark.api
+def test_small_plans():
+    ex = models.get("llama_small", small=True)
+    plan = jaxpar.plan(ex.step, *ex.args, mesh={"data": 2, "model": 4}, cluster="dgx-h100")
+    assert plan.stats["equations"] > 0
+    assert np.isfinite(plan.cost.step_s) and plan.cost.step_s > 0

@@ -1,0 +1,173 @@
+"""Memory per device (docs/design.md, "Memory"; `jaxpar.memory`, `jaxpar.budget`)."""
+
+import functools
+import math
+
+import jax
+import numpy as np
+import pytest
+from helpers import assert_equivalent
+
+import jaxpar
+import models
+from jaxpar.memory import parse_bytes
+
+MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b": 2, "c": 2}}
+# The model is a liveness walk over the jaxpr with XLA's elementwise fusion approximated by
+# planning nodes; XLA:CPU's buffer assignment differs in detail (scheduling, convolution
+# temporaries). Measured on these plans: compiled/predicted within 0.64-1.21 (CHANGELOG, issue
+# 9 note); the band below guards against regressions, it is not the 10 % the issue asks for.
+FIDELITY_BAND = (0.6, 1.25)
+
+
+def compiled_peak(compiled) -> float:
+    """arguments + outputs - aliases + temporaries, as `memory_analysis()` reports them."""
+    m = compiled.memory_analysis()
+    return (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+    )
+
+
+@functools.cache
+def example(name):
+    return models.get(name, small=True)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("donate", [False, True])
+@pytest.mark.parametrize("strategy", ["auto", "data", "fsdp"])
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+@pytest.mark.parametrize("name", ["mlp", "gpt_small"])
+def test_predicted_peak_against_compiled(name, mesh, strategy, donate):
+    ex = example(name)
+    step = jaxpar.auto_shard(
+        ex.step,
+        mesh=jaxpar.make_mesh(MESHES[mesh]),
+        strategy=strategy,
+        donate_argnums=(0,) if donate else (),
+    )
+    compiled = step.lower(*ex.args).compile()
+    actual, predicted = compiled_peak(compiled), step.plan.memory.peak
+    m = compiled.memory_analysis()
+    lo, hi = FIDELITY_BAND
+    assert lo <= predicted / actual <= hi, (
+        f"predicted {predicted / 1e6:.3f} MB vs compiled {actual / 1e6:.3f} MB\n"
+        f"predicted:\n{step.plan.memory.breakdown()}\ncompiled: arguments "
+        f"{m.argument_size_in_bytes}, outputs {m.output_size_in_bytes}, aliases "
+        f"{m.alias_size_in_bytes}, temporaries {m.temp_size_in_bytes}"
+    )
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("strategy", ["auto", "data", "fsdp", "fsdp_tp"])
+def test_argument_bytes_are_the_shards_of_the_state(strategy):
+    """Arguments: the per-device shard of every leaf under the plan's in_shardings."""
+    ex = example("gpt_small")
+    plan = jaxpar.plan(ex.step, *ex.args, mesh=jaxpar.make_mesh(MESHES["2x4"]), strategy=strategy)
+    leaves = jax.tree.leaves(ex.args)
+    shardings = jax.tree.leaves(plan.in_shardings)
+    expected = sum(
+        math.prod(s.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+        for x, s in zip(leaves, shardings, strict=True)
+    )
+    assert plan.memory.arguments == pytest.approx(expected)
+    state = sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(ex.args[0]))
+    if strategy == "data":  # replicated state
+        assert plan.memory.state == pytest.approx(state, rel=0.02)
+    if strategy == "fsdp":  # the state sharded over all 8 devices, up to undividable leaves
+        assert plan.memory.state < state / 4
+
+
+@functools.cache
+def budget_setup():
+    ex = example("gpt_small")
+    mesh = {"data": 2, "model": 4}
+    free = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="p100", memory_budget=None)
+    with pytest.raises(jaxpar.MemoryBudgetError) as err:
+        jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="p100", memory_budget=1e3)
+    return ex, mesh, free, str(err.value)
+
+
+@pytest.mark.oracle
+def test_budget_sweep_fits_and_trades_time_for_memory():
+    """From the unconstrained plan's peak down: every plan fits its budget, and a tighter
+    budget never gives a faster plan."""
+    ex, mesh, free, _ = budget_setup()
+    assert free.memory.budget is None and free.memory.fits is None
+    budgets = [free.memory.peak * f for f in (1.0, 0.8, 0.65, 0.5)]
+    last_time = 0.0
+    for budget in budgets:
+        try:
+            plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="p100", memory_budget=budget)
+        except jaxpar.MemoryBudgetError:
+            break
+        assert plan.memory.peak <= budget and plan.memory.fits
+        assert plan.cost.step_s >= last_time * (1 - 1e-9), (budget, plan.cost.step_s, last_time)
+        last_time = plan.cost.step_s
+        if plan.stats["budget_bound"]:
+            assert not plan.optimal  # not certified under the constraint
+    assert last_time > free.cost.step_s  # the sweep did reach budgets that cost time
+
+
+@pytest.mark.oracle
+def test_budget_below_the_minimum_says_what_would_help():
+    *_, message = budget_setup()
+    assert "no plan fits the memory budget" in message
+    assert "smallest peak the planner reached" in message
+    for hint in ("more devices", "jax.checkpoint", "batch", "bfloat16"):
+        assert hint in message
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+def test_budget_constrained_plan_runs_like_the_unsharded_step(mesh):
+    """A plan squeezed by the budget (sharded state) still computes the same step."""
+    with jax.enable_x64(True):
+        ex = models.get("gpt_small", small=True, dtype=np.float64)
+        args = ex.make_args(0)
+        ref = jax.jit(ex.step)(*args)
+        free = jaxpar.plan(ex.step, *args, mesh=MESHES[mesh], cluster="p100", memory_budget=None)
+        budget = 0.7 * free.memory.peak
+        step = jaxpar.auto_shard(
+            ex.step, mesh=jaxpar.make_mesh(MESHES[mesh]), cluster="p100", memory_budget=budget
+        )
+        out = step(*args)
+        assert step.plan.memory.peak <= budget
+        assert step.plan.memory.state < free.memory.state  # it sharded state to fit
+        assert_equivalent(out, ref)  # the loss runs in float32 (models/_train.py)
+
+
+@pytest.mark.api
+def test_budget_larger_than_the_device_is_an_error():
+    ex = example("mlp")
+    with pytest.raises(jaxpar.MemoryBudgetError, match=r"more than the 80\.00 GB"):
+        jaxpar.plan(ex.step, *ex.args, mesh={"d": 8}, cluster="dgx-h100", memory_budget="100GB")
+    assert issubclass(jaxpar.MemoryBudgetError, ValueError)
+
+
+@pytest.mark.api
+def test_default_budget_is_device_memory_less_reserve():
+    ex = example("mlp")
+    plan = jaxpar.plan(ex.step, *ex.args, mesh={"d": 8}, cluster="dgx-h100")
+    assert plan.memory.budget == pytest.approx(0.9 * 80e9)
+    assert plan.memory.fits
+    assert "memory per device" in plan.report() and "peak" in plan.report()
+
+
+@pytest.mark.api
+@pytest.mark.parametrize(
+    "text, expected",
+    [("60GB", 60e9), ("80 GiB", 80 * 2**30), ("512MB", 512e6), (1e9, 1e9), ("2e9", 2e9)],
+)
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == pytest.approx(expected)
+
+
+@pytest.mark.api
+@pytest.mark.parametrize("bad", ["lots", "-5GB", 0, "GB", True])
+def test_bad_budgets_say_how_to_write_one(bad):
+    with pytest.raises((ValueError, TypeError)):
+        jaxpar.PlannerOptions(memory_budget=bad)
