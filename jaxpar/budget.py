@@ -7,7 +7,8 @@ pricing memory into it (docs/design.md, "Memory budget"):
    certificate and all.
 2. Otherwise solve the Lagrangian problem ``time + λ · bytes`` (``bytes``: the linear proxy
    `MemoryModel.node_bytes`, added to every node's unary table) for growing λ until a solution
-   fits, then bisect λ between the last that did not fit and the first that did.
+   fits (or until two growth steps lower the peak by less than 1 %: nothing will fit), then
+   bisect λ between the last that did not fit and the first that did.
 3. Every plan seen — the solutions along λ and the hand plans (`baselines`) — is priced
    exactly (time by `evaluate`, memory by liveness), and the fastest that fits is returned.
 
@@ -34,6 +35,7 @@ from .search import Problem, solve
 GROWTH = 8.0  # λ grows by this factor until a solution fits
 BISECTIONS = 4  # then this many geometric bisection steps
 MAX_GROWTH_STEPS = 14
+STALL_STEPS = 2  # stop growing λ after this many steps that lower the peak by < 1 %
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +77,7 @@ def fit_budget(
     base = ctx.tables.problem
     proxy = [model.node_bytes(v) for v in range(base.num_nodes)]
     solves = 0
+    peaks: list[float] = []  # peak of each λ's solution
 
     def solve_at(lam: float) -> bool:
         nonlocal solves
@@ -89,6 +92,7 @@ def fit_budget(
         starts = [a for _, a in fitting[:1]] + [choice.assignment]
         sol = solve(problem, starts=starts, budget=options.budget)
         ok = consider(sol.assignment, lam)
+        peaks.append(seen[tuple(int(x) for x in sol.assignment)][1].peak)
         tick(f"memory budget: λ={lam:.3g}, {'fits' if ok else 'over budget'}")
         return ok
 
@@ -99,6 +103,10 @@ def fit_budget(
             hi = lam
             break
         lo, lam = lam, lam * GROWTH
+        if len(peaks) >= STALL_STEPS + 1 and min(peaks[-STALL_STEPS:]) >= 0.99 * min(
+            peaks[:-STALL_STEPS]
+        ):
+            break  # a larger λ no longer lowers the peak: nothing will fit
     if hi is not None:
         for _ in range(BISECTIONS):
             mid = math.sqrt(lo * hi) if lo > 0 else hi / GROWTH

@@ -18,7 +18,8 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
 - Gradient synchronization: where partial sums over the batch are all-reduced, the CPU backend
   combines them (`cpu-all-reduce-combiner`, no byte limit, 256 operands), so all of a group's
   reduced gradients and their inputs are live at the group's last one (``combine_syncs``). A
-  GPU/TPU backend reduce-scatters each gradient where it is produced.
+  GPU/TPU backend reduce-scatters a gradient that is only read in slices (sharded state) where
+  it is produced.
 - Arguments are live for the whole step; a donated state argument's buffer holds its new value.
 
 `MemoryModel` precomputes what does not depend on the assignment, so the budget search can price
@@ -38,6 +39,7 @@ import numpy as np
 from .configs import Config, dim_degrees, shard_count, spec_of
 from .graph import BACKWARD, FORWARD, UPDATE
 from .nodes import NodeGraph
+from .reshard import SLICE, reshard_path
 from .rules import ELEMENTWISE
 from .tables import EdgeUse
 
@@ -223,8 +225,9 @@ class MemoryModel:
                 out_specs[t] = spec[inp.feedback[t]] if t in inp.feedback else spec.get(t, ())
         syncs = self._sync_tensors(cfg)
         combine_at = self._combine_points(syncs) if inp.combine_syncs else {}
+        scattered = set() if inp.combine_syncs else self._sync_node_tensors(cfg)
         for t, reads in self.reads.items():
-            self._tensor_buffers(t, reads, cfg, spec, out_specs, combine_at, live)
+            self._tensor_buffers(t, reads, cfg, spec, out_specs, combine_at, scattered, live)
         for t, s in out_specs.items():
             if not (t in inp.feedback and inp.feedback[t] in inp.donated):
                 size = self._bytes(t, s)
@@ -263,8 +266,20 @@ class MemoryModel:
             out.update(dict.fromkeys(group, at))
         return out
 
-    def _tensor_buffers(self, t, reads, cfg, spec, out_specs, combine_at, live) -> None:
-        """Register the buffers of tensor ``t``: the produced one and its resharded copies."""
+    def _sync_node_tensors(self, cfg: Sequence[Config]) -> set[int]:
+        """Every tensor a gradient-sync node produces (its followers too: a cast to fp32)."""
+        out: set[int] = set()
+        for node in self.inp.ng.nodes:
+            if node.anchor >= 0 and self.inp.grad_sync(node.index, cfg[node.index]):
+                out.update(node.tensor_maps)
+        return out
+
+    def _tensor_buffers(self, t, reads, cfg, spec, out_specs, combine_at, scattered, live) -> None:
+        """Register the buffers of tensor ``t``: the produced one and its resharded copies.
+
+        A reduced gradient whose every reader takes a slice of it (the update of sharded
+        state) is reduce-scattered where it is produced on GPU/TPU (XLA forms reduce-scatter
+        from all-reduce + dynamic-slice): only the slices outlive the producing equation."""
         ng = self.inp.ng
         tensor = ng.program.tensors[t]
         if tensor.opaque or not tensor.nbytes or not tensor.shape or t in ng.program.consts:
@@ -287,9 +302,16 @@ class MemoryModel:
                 last_direct = max(last_direct, at)
             else:
                 copies.setdefault(want, []).append(at)
+        scatter = (
+            t in scattered
+            and copies
+            and last_direct == born
+            and all(self._slices_only(t, have, want) for want in copies)
+        )
         for want, ats in copies.items():
-            last_direct = max(last_direct, min(ats))  # the copy is made from the original
-            live(self._bytes(t, want), min(ats), max(ats), phase)
+            first = born if scatter else min(ats)
+            last_direct = max(last_direct, first)  # the copy is made from the original
+            live(self._bytes(t, want), first, max(ats), phase)
         if is_arg or not external:
             return  # arguments are counted whole; a tensor read only in its node is fused
         if t in self.outvar_set and out_specs.get(t) == have:
@@ -301,6 +323,12 @@ class MemoryModel:
             live(size, at, max(last_direct, at), phase)  # the reduced gradient
         else:
             live(size, born, last_direct, phase)
+
+    def _slices_only(self, t: int, have, want) -> bool:
+        """Whether resharding ``t`` from ``have`` to ``want`` only slices (sends nothing)."""
+        nbytes = self.inp.ng.program.tensors[t].nbytes
+        path = reshard_path(nbytes, have, want, self.inp.sizes)
+        return all(step.kind == SLICE for step in path)
 
     def held_bytes(self, assignment: Sequence[int]) -> list[float]:
         """Per node, `node_bytes` of its configuration in ``assignment``."""
