@@ -7,7 +7,9 @@
 - ``owt``: Krizhevsky's "one weird trick": data parallelism for convolutional layers, model
   parallelism for dense layers.
 - ``fsdp``: data parallelism over the whole mesh, with parameters and optimizer state stored
-  sharded over the whole mesh on their largest dim (ZeRO-3 / FSDP): gathered before use.
+  sharded over the whole mesh on their largest dim (ZeRO-3 / FSDP): gathered before use. Nodes
+  without a batch dim (the reduced weight gradients' transposes and casts, the optimizer
+  update) take the state's layout, so gradients are sliced as soon as they are reduced.
 - ``fsdp_tp``: FSDP over the outer mesh axes and tensor parallelism over the innermost one
   (MaxText / torchtitan style): nodes split the batch over the outer axes and their output
   feature over the inner axis; state is sharded over the outer axes on its largest dim and over
@@ -111,7 +113,10 @@ def _sharded_state(
     out = []
     for node, cfgs in zip(ng.nodes, configs, strict=True):
         by_size = sorted(range(len(node.space.sizes)), key=lambda d: -node.space.sizes[d])
-        if node.index in state_nodes:
+        if node.index in state_nodes or not batch[node.index]:
+            # state, and what has no batch: weight gradients after their reduction (a
+            # transpose, a cast), the optimizer update; in the state's layout, the reduced
+            # gradient is sliced where it is produced (a reduce-scatter on GPU/TPU)
             dims = [d for d in by_size if node.space.splittable[d]]
             last = len(node.space.sizes) - 1
             wanted = [(d,) * outer + ((last,) if inner else ()) for d in dims]
