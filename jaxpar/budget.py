@@ -63,11 +63,11 @@ def fit_budget(
         return choice, BudgetFit(first, False, None, 0)
     seen: dict[tuple[int, ...], tuple[Evaluation, MemoryEstimate, float | None]] = {}
 
-    def consider(a, lam: float | None) -> bool:
+    def consider(a, lam: float | None) -> MemoryEstimate:
         a = tuple(int(x) for x in a)
         if a not in seen:
             seen[a] = (evaluate(ctx, a), model.estimate(a, budget), lam)
-        return bool(seen[a][1].fits)
+        return seen[a][1]
 
     consider(choice.assignment, None)
     for a, _ in choice.baselines.values():
@@ -91,8 +91,9 @@ def fit_budget(
         fitting = sorted((v[0].objective, a) for a, v in seen.items() if v[1].fits)
         starts = [a for _, a in fitting[:1]] + [choice.assignment]
         sol = solve(problem, starts=starts, budget=options.budget)
-        ok = consider(sol.assignment, lam)
-        peaks.append(seen[tuple(int(x) for x in sol.assignment)][1].peak)
+        estimate = consider(sol.assignment, lam)
+        peaks.append(estimate.peak)
+        ok = bool(estimate.fits)
         tick(f"memory budget: λ={lam:.3g}, {'fits' if ok else 'over budget'}")
         return ok
 

@@ -83,9 +83,6 @@ class MemoryEstimate:
     def fits(self) -> bool | None:
         return None if self.budget is None else self.peak <= self.budget
 
-    def with_budget(self, budget: float | None) -> MemoryEstimate:
-        return dataclasses.replace(self, budget=budget)
-
     def as_dict(self) -> dict[str, float | str | bool | None]:
         out = dataclasses.asdict(self)
         out["fits"] = self.fits
@@ -223,9 +220,9 @@ class MemoryModel:
         for t in program.outvars:
             if t is not None:
                 out_specs[t] = spec[inp.feedback[t]] if t in inp.feedback else spec.get(t, ())
-        syncs = self._sync_tensors(cfg)
+        syncs, sync_produced = self._sync_tensors(cfg)
         combine_at = self._combine_points(syncs) if inp.combine_syncs else {}
-        scattered = set() if inp.combine_syncs else self._sync_node_tensors(cfg)
+        scattered = set() if inp.combine_syncs else sync_produced
         for t, reads in self.reads.items():
             self._tensor_buffers(t, reads, cfg, spec, out_specs, combine_at, scattered, live)
         for t, s in out_specs.items():
@@ -247,14 +244,18 @@ class MemoryModel:
             peak_layer=self.label_of_eqn[eq] if self.n_eqns else "", budget=budget,
         )  # fmt: skip
 
-    def _sync_tensors(self, cfg: Sequence[Config]) -> dict[int, int]:
-        """Reduced gradient tensor -> its producing equation, for gradient-sync nodes."""
-        out = {}
+    def _sync_tensors(self, cfg: Sequence[Config]) -> tuple[dict[int, int], set[int]]:
+        """Of the gradient-sync nodes: their anchors' reduced results -> producing equation,
+        and every tensor they produce (their followers too: a cast to fp32)."""
+        anchors: dict[int, int] = {}
+        produced: set[int] = set()
         for node in self.inp.ng.nodes:
             if node.anchor >= 0 and self.inp.grad_sync(node.index, cfg[node.index]):
-                for t in self.inp.ng.program.eqns[node.anchor].outputs:
-                    out[t] = node.anchor
-        return out
+                anchors.update(
+                    dict.fromkeys(self.inp.ng.program.eqns[node.anchor].outputs, node.anchor)
+                )
+                produced.update(node.tensor_maps)
+        return anchors, produced
 
     def _combine_points(self, syncs: dict[int, int]) -> dict[int, int]:
         """Gradient tensor -> equation where its combined all-reduce runs (the group's last)."""
@@ -264,14 +265,6 @@ class MemoryModel:
             group = order[i : i + COMBINE_COUNT]
             at = max(syncs[t] for t in group)
             out.update(dict.fromkeys(group, at))
-        return out
-
-    def _sync_node_tensors(self, cfg: Sequence[Config]) -> set[int]:
-        """Every tensor a gradient-sync node produces (its followers too: a cast to fp32)."""
-        out: set[int] = set()
-        for node in self.inp.ng.nodes:
-            if node.anchor >= 0 and self.inp.grad_sync(node.index, cfg[node.index]):
-                out.update(node.tensor_maps)
         return out
 
     def _tensor_buffers(self, t, reads, cfg, spec, out_specs, combine_at, scattered, live) -> None:
