@@ -27,6 +27,8 @@ from .apply import AutoSharded, auto_shard
 from .distributed import MultiHostMismatch, global_batch
 from .evaluate import Collective, PlanCost
 from .hardware import Cluster, DeviceGroup, DeviceSpec, LinkLevel
+from .hardware.calibration import Calibration
+from .measure import calibrate
 from .memory import MemoryBudgetError, MemoryEstimate
 from .meshes import detect_cluster, make_hardware_mesh, make_mesh
 from .options import PlannerOptions
@@ -38,6 +40,7 @@ from .trace import TraceError
 
 __all__ = [
     "AutoSharded",
+    "Calibration",
     "Cluster",
     "Collective",
     "DeviceGroup",
@@ -54,6 +57,7 @@ __all__ = [
     "SearchBudget",
     "TraceError",
     "auto_shard",
+    "calibrate",
     "detect_cluster",
     "distributed",
     "global_batch",

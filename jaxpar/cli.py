@@ -3,6 +3,7 @@
 ``jaxpar demo``      train small models auto-sharded on 8 simulated devices
 ``jaxpar plan M``    plan a zoo model on any (abstract) mesh and cluster; report, JSON, figure
 ``jaxpar clusters``  the cluster presets with their numbers and sources
+``jaxpar calibrate`` measure the devices at hand; write a cluster file for ``--cluster FILE``
 
 Bad input is one line on stderr, ``jaxpar <command>: error: ...``, and exit status 2: usage
 errors (`_Parser`), the checks of `plan_command` (run before anything slow: output paths,
@@ -38,6 +39,7 @@ from .cli_input import (
     choice_type,
     mesh_text,
     parse_batch,
+    parse_calibration_dtype,
     parse_dtype,
     parse_memory_budget,
     parse_mesh,
@@ -55,6 +57,7 @@ commands:
   jaxpar demo             train small models auto-sharded on 8 simulated CPU devices
   jaxpar plan MODEL ...   plan a zoo model on any mesh and cluster (no accelerator needed)
   jaxpar clusters         the cluster presets, every number with its source
+  jaxpar calibrate        measure the devices at hand; write a file for --cluster FILE
 
 examples:
   jaxpar plan vgg16 --mesh node=4,gpu=4 --cluster p100 --strategy all
@@ -75,6 +78,14 @@ CLUSTERS_DESCRIPTION = """\
 Print every cluster preset with its numbers (peak FLOP/s per dtype, memory, and per link level
 bandwidth, latency and port sharing) and where each number comes from. Multi-node presets are
 shown with 2 nodes, so that the link between nodes is listed too.
+"""
+
+
+CALIBRATE_DESCRIPTION = """\
+Measure the devices jax sees: matrix-product and convolution throughput over sizes per dtype,
+memory bandwidth, and for every mesh axis of 2 or more devices the latency and bandwidth of each
+collective kind over message sizes. Writes a calibration file that 'jaxpar plan --cluster FILE'
+(and jaxpar.plan / auto_shard with cluster=FILE) prices plans with instead of datasheet numbers.
 """
 
 
@@ -304,6 +315,20 @@ def plan_document(
     return json.loads(json.dumps(out, default=str))
 
 
+def calibrate_command(args: argparse.Namespace) -> int:
+    """Measure the devices of ``--mesh`` (default: all of them on one axis) and write the file."""
+    check_output_path("--out", args.out, "calibration.json")
+    from jaxpar.measure import calibrate, summary
+
+    started = time.perf_counter()
+    calibration = calibrate(args.mesh, quick=args.quick, dtypes=args.dtype)
+    calibration.save(args.out)
+    print(summary(calibration))
+    seconds = time.perf_counter() - started
+    print(f"wrote {args.out} in {seconds:.1f} s; plan with --cluster {args.out}")
+    return 0
+
+
 def showcase_cluster(name: str) -> Any:
     """Preset `name` at a size that has every link level: 2 nodes of a multi-node preset (one
     node has no link between nodes), else the preset's default size."""
@@ -372,6 +397,7 @@ def build_parser() -> _Parser:
     _add_demo(sub)
     _add_plan(sub)
     _add_clusters(sub)
+    _add_calibrate(sub)
     parser.commands = dict(sub.choices)  # command name -> its parser
     return parser
 
@@ -414,8 +440,9 @@ def _add_plan(sub: Any) -> None:
     p_plan.add_argument(
         "--cluster",
         default="p100",
-        metavar="PRESET",
-        help="cluster preset (listed below), sized to the mesh in whole nodes; default p100",
+        metavar="PRESET|FILE",
+        help="cluster preset (listed below), sized to the mesh in whole nodes, or a calibration "
+        "file written by 'jaxpar calibrate'; default p100",
     )
     p_plan.add_argument(
         "--batch",
@@ -473,6 +500,42 @@ def _add_clusters(sub: Any) -> None:
         description=CLUSTERS_DESCRIPTION,
     )
     p_cl.set_defaults(func=clusters_command)
+
+
+def _add_calibrate(sub: Any) -> None:
+    """``jaxpar calibrate``."""
+    p_cal = sub.add_parser(
+        "calibrate",
+        help="measure the devices at hand; write a cluster file for --cluster FILE",
+        description=CALIBRATE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p_cal.add_argument(
+        "--mesh",
+        type=arg_type(parse_mesh, "mesh"),
+        default=None,
+        metavar="NAME=SIZE,...",
+        help="the mesh whose axes' collectives are measured, e.g. node=2,gpu=4 (default: every "
+        "device on one axis 'devices')",
+    )
+    p_cal.add_argument(
+        "--out",
+        default="calibration.json",
+        metavar="FILE",
+        help="where to write the calibration (default calibration.json)",
+    )
+    p_cal.add_argument(
+        "--dtype",
+        type=arg_type(parse_calibration_dtype, "dtype"),
+        action="append",
+        default=None,
+        help="a matmul/conv dtype to measure, repeatable: float32, bfloat16, float16 (default "
+        "float32, and bfloat16 on accelerators; float32 is always measured)",
+    )
+    p_cal.add_argument(
+        "--quick", action="store_true", help="a few small sizes only (seconds; rough numbers)"
+    )
+    p_cal.set_defaults(func=calibrate_command)
 
 
 def _one_line(message: object) -> str:

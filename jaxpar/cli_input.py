@@ -163,6 +163,21 @@ def parse_dtype(text: str) -> str:
     return name
 
 
+CALIBRATION_DTYPES = ("float32", "bfloat16", "float16")  # what jaxpar calibrate measures
+
+
+def parse_calibration_dtype(text: str) -> str:
+    """``jaxpar calibrate --dtype``: one of `CALIBRATION_DTYPES` (or an alias such as ``bf16``)."""
+    key = text.strip().lower()
+    name = DTYPE_ALIASES.get(key, key)
+    if name not in CALIBRATION_DTYPES:
+        raise ValueError(
+            f"calibrate measures dtypes {', '.join(CALIBRATION_DTYPES)}, not {text!r}"
+            f"{did_you_mean(text, CALIBRATION_DTYPES)}"
+        )
+    return name
+
+
 def parse_batch(text: str) -> int:
     """A positive whole number of samples (the global batch)."""
     try:
@@ -247,10 +262,21 @@ def check_model(name: str) -> str:
 
 
 def check_cluster(name: str) -> str:
-    """The cluster preset `name`, or ValueError listing the presets (and suggesting the nearest)."""
+    """The cluster preset `name`, or a calibration file (`jaxpar calibrate`) that loads; else
+    ValueError listing the presets (and suggesting the nearest) or saying what is wrong with the
+    file."""
     from jaxpar import Cluster
+    from jaxpar.hardware.calibration import load_calibration, looks_like_calibration_path
 
     known = Cluster.presets()
+    if name not in known and looks_like_calibration_path(name):
+        if not os.path.isfile(name):
+            raise ValueError(
+                f"--cluster {name!r}: no such calibration file; write one with jaxpar calibrate "
+                f"--out {name}, or name a preset ({', '.join(known)})"
+            )
+        load_calibration(name)  # a bad file fails here, before anything slow
+        return name
     if name not in known:
         raise ValueError(
             f"unknown cluster preset {name!r}{did_you_mean(name, known)}; presets: "

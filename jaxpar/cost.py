@@ -20,11 +20,14 @@ import numpy as np
 
 from .collectives import ALL_REDUCE, PERMUTE, all_reduce_bytes, transfer_time
 from .configs import Config, degree, dim_degrees, shard_count, spec_of
+from .hardware.calibration import CONV, MATMUL
 from .hardware.mesh_model import MeshAxes
 from .nodes import Node, NodeGraph
 from .rules import DimMap
 
 OBJECTIVES = ("time", "comm")  # OptCNN Eq. 1 seconds, or SoyBean's bytes moved
+# primitives priced by a calibration's throughput curves, and the curve kind of each
+MEASURED_PRIMITIVES = {"dot_general": MATMUL, "conv_general_dilated": CONV}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,18 @@ class CostParams:
         table = dict(self.peak_flops)
         return table.get(dtype, table.get("float32", next(iter(table.values()))))
 
+    def flops_rates(self, dtype: str, primitive: str, flops: np.ndarray) -> np.ndarray | float:
+        """FLOP/s of one device running `flops` FLOPs of `primitive` (vectorized over `flops`).
+
+        On a calibrated mesh (`MeshAxes.calibration`) matrix products and convolutions run at
+        the measured curve's achieved rate for their size (`ThroughputCurve.rate`); everything
+        else, and every op on an uncalibrated mesh, at the peak `flops_rate(dtype)`.
+        """
+        kind = MEASURED_PRIMITIVES.get(primitive)
+        if self.mesh.calibration is None or kind is None:
+            return self.flops_rate(dtype)
+        return self.mesh.calibration.curve(kind, dtype).rate(flops)
+
 
 def roofline_time(flops: float, nbytes: float, peak_flops: float, mem_bandwidth: float) -> float:
     """t_C of a per-device shard: max(FLOPs / peak, bytes / memory bandwidth)."""
@@ -51,7 +66,8 @@ def compute_times(
 ) -> np.ndarray:
     """t_C of every configuration: Σ over members of `roofline_time` of the per-device shard,
     FLOPs / degree of the member's split dims and bytes of its operands and results / their
-    shard counts (vectorized over configurations)."""
+    shard counts (vectorized over configurations). The FLOP rate is the peak, or on a
+    calibrated mesh the measured rate at the shard's size (`CostParams.flops_rates`)."""
     D = dim_degrees(cfgs, len(node.space.sizes), params.mesh.sizes)
     total = np.zeros(len(cfgs))
     tensors = ng.program.tensors
@@ -76,8 +92,9 @@ def compute_times(
                 nbytes += tensors[t].nbytes / shards(mp)
         for t, mp in zip(eqn.outputs, m.out_maps, strict=True):
             nbytes += tensors[t].nbytes / shards(mp)
-        rate = params.flops_rate(tensors[eqn.outputs[0]].dtype)
-        total += np.maximum(m.flops / deg / rate, nbytes / params.mem_bandwidth)
+        flops = m.flops / deg
+        rate = params.flops_rates(tensors[eqn.outputs[0]].dtype, eqn.primitive, flops)
+        total += np.maximum(flops / rate, nbytes / params.mem_bandwidth)
     return total
 
 

@@ -20,8 +20,9 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
+from .hardware.calibration import Calibration, load_calibration, looks_like_calibration_path
 from .hardware.cluster import Cluster
-from .hardware.presets import DeviceInfo, preset_sizing
+from .hardware.presets import DeviceInfo, match_device_kind, preset_sizing
 
 ABSTRACT = "abstract"  # MeshDescription.platform of a mesh without devices
 
@@ -105,9 +106,11 @@ def describe_mesh(mesh: Any) -> MeshDescription:
 
 
 def resolve_cluster(cluster: Cluster | str | None, desc: MeshDescription) -> Cluster:
-    """The cluster a described mesh runs on, from a `Cluster`, a preset name, or None.
+    """The cluster a described mesh runs on, from a `Cluster`, a preset name, a calibration
+    (a `Calibration` or the path of a `jaxpar calibrate` file), or None.
 
     - a `Cluster` is used as given;
+    - a calibration is `Cluster.from_calibration`, sized to the mesh (`calibrated_size`);
     - "cpu" is the cpu preset with one device per mesh slot;
     - another preset name on a mesh of jax devices is the preset with exactly that many
       devices; on an abstract mesh, the smallest size of the preset that holds the mesh
@@ -127,6 +130,11 @@ def resolve_cluster(cluster: Cluster | str | None, desc: MeshDescription) -> Clu
     n = desc.num_devices
     if isinstance(cluster, Cluster):
         resolved = cluster
+    elif isinstance(cluster, Calibration):
+        resolved = Cluster.from_calibration(cluster, calibrated_size(cluster, desc))
+    elif isinstance(cluster, str) and is_calibration_file(cluster):
+        calibration = load_calibration(cluster)
+        resolved = Cluster.from_calibration(calibration, calibrated_size(calibration, desc))
     elif isinstance(cluster, str):
         if cluster == "cpu":
             resolved = Cluster.preset("cpu", devices=n)
@@ -138,11 +146,30 @@ def resolve_cluster(cluster: Cluster | str | None, desc: MeshDescription) -> Clu
         resolved = _detect(desc)
     else:
         raise TypeError(
-            f"cluster must be a Cluster, a preset name ({', '.join(Cluster.presets())}) or None "
-            f"(detect from the mesh's devices), not {type(cluster).__name__}"
+            f"cluster must be a Cluster, a preset name ({', '.join(Cluster.presets())}), a "
+            f"calibration file (jaxpar calibrate) or None (detect from the mesh's devices), not "
+            f"{type(cluster).__name__}"
         )
     resolved.check_mesh(desc.sizes)  # too small: the error names the preset call that fits
     return resolved
+
+
+def is_calibration_file(cluster: str) -> bool:
+    """A cluster argument naming a calibration file rather than a preset (`resolve_cluster`)."""
+    return cluster not in Cluster.presets() and looks_like_calibration_path(cluster)
+
+
+def calibrated_size(calibration: Calibration, desc: MeshDescription) -> int:
+    """Devices of the cluster a calibration is sized to for a mesh: the mesh's own devices, or
+    for an abstract mesh whole nodes of the calibrated kind holding it (a GPU's DGX preset)."""
+    n = desc.num_devices
+    if desc.device_ids is not None or calibration.platform == "cpu":
+        return n
+    name = match_device_kind(calibration.platform, calibration.device_kind)
+    if name is None or name not in Cluster.presets():
+        return n
+    sizing = preset_sizing(name, n)
+    return Cluster.preset(name, **sizing).num_devices
 
 
 def _detect(desc: MeshDescription) -> Cluster:

@@ -14,6 +14,7 @@ from .baselines import STRATEGIES
 from .configs import CONTRACTIONS, Config, split_axes
 from .cost import node_dtype
 from .graph import BACKWARD, FORWARD, UPDATE
+from .hardware.mesh_model import cost_sources
 
 if TYPE_CHECKING:
     from .result import Plan
@@ -192,6 +193,7 @@ def plan_report(plan: Plan) -> str:
     lines = [
         f"jaxpar plan: strategy={plan.strategy} objective={plan.objective} mesh={mesh} "
         f"cluster={plan.cluster.name} optimal={plan.optimal}",
+        f"cost numbers: {cost_sources(plan.mesh_axes, plan.cluster)}",
         head,
         "-" * len(head),
     ]

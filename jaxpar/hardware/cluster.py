@@ -46,6 +46,7 @@ from itertools import pairwise
 import numpy as np
 
 from . import presets
+from .calibration import Calibration
 from .devices import GB, TFLOPS, US, DeviceGroup, DeviceSpec, LinkLevel
 from .presets import DeviceInfo
 
@@ -70,6 +71,10 @@ class Cluster:
     # What `Cluster.detect` assumed, one sentence each (shown by describe). Not compared: two
     # clusters with the same devices and links price plans the same however they were found.
     assumptions: tuple[str, ...] = field(default=(), compare=False)
+    # Numbers measured on the devices (`jaxpar calibrate`; `Cluster.from_calibration`): its
+    # throughput curves price compute and its axis fits replace the levels' link numbers for
+    # the mesh axes they match (`mesh_model.mesh_axes`). None: datasheet numbers only.
+    calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple(self.levels))
@@ -126,6 +131,38 @@ class Cluster:
         """
         layout, notes = presets.detect_devices(devices)
         return cls(*layout, assumptions=notes)
+
+    @classmethod
+    def from_calibration(cls, calibration: Calibration, num_devices: int | None = None) -> Cluster:
+        """The cluster of the calibrated device kind (`from_device_kind`, `num_devices` of them,
+        default as many as were calibrated) with the measured numbers in place of the datasheet's:
+        the device's peak FLOP/s per measured dtype (the best matmul rate) and memory bandwidth,
+        its memory where jax reported it, and `calibration` itself (throughput curves, per-axis
+        collective fits).
+        """
+        n = calibration.num_devices if num_devices is None else num_devices
+        base = cls.from_device_kind(calibration.platform, calibration.device_kind, n)
+        peak = {**dict(base.device.peak_flops), **calibration.peak_flops()}
+        device = DeviceSpec(
+            name=calibration.device_kind,
+            peak_flops=peak,
+            mem_bandwidth=calibration.memory_bandwidth,
+            memory_bytes=calibration.memory_bytes or base.device.memory_bytes,
+            source=f"{calibration.source}; dtypes not measured: {base.device.source}",
+        )
+        axes = ", ".join(f"{a.name}={a.size} ({a.link})" for a in calibration.axes) or "none"
+        note = (
+            f"link numbers measured for mesh axes {axes}; they price a mesh axis of the same "
+            f"name and size, or of the same size crossing the same link; other axes use the "
+            f"levels below"
+        )
+        assumptions = (*base.assumptions, note)
+        return cls(base.name, device, base.num_devices, base.levels, (), assumptions, calibration)
+
+    @property
+    def source(self) -> str:
+        """Where the cost numbers come from: "datasheet", or "measured on <device>, <date>"."""
+        return "datasheet" if self.calibration is None else self.calibration.source
 
     @classmethod
     def from_groups(

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .calibration import Calibration
 from .cluster import Cluster
 from .speeds import MeshSpeeds
 
@@ -42,6 +43,11 @@ class MeshAxes:
     # 16-device ring on 4 P100 nodes gets the whole InfiniBand card; 4 node-axis rings share
     # it), so it is not the per-axis minimum. Missing entries fall back to that minimum.
     group_bandwidth: tuple[tuple[tuple[int, ...], float], ...] = ()
+    # Axes whose bandwidth and latency were measured (`Cluster.calibration`), not datasheet.
+    measured_axes: tuple[int, ...] = ()
+    # The calibrated cluster's measurements: its throughput curves price compute
+    # (`cost.CostParams.flops_rates`). None: the datasheet peaks.
+    calibration: Calibration | None = None
 
     @property
     def num_devices(self) -> int:
@@ -92,14 +98,45 @@ def mesh_axes(
         raise ValueError(f"mesh has {len(names)} axis names {names} but {len(sizes)} sizes")
     positions = _checked_positions(cluster, sizes, device_ids)
     links = cluster.axis_links(sizes, positions)
+    bandwidth = list(cluster.axis_bandwidths(sizes, positions))
+    latency = [link.latency for link in links]
+    link_names = [link.name for link in links]
+    measured = []
+    calibration = cluster.calibration
+    for a, (name, size, link) in enumerate(zip(names, sizes, links, strict=True)):
+        axis = calibration.axis_for(name, size, link.name) if calibration and size > 1 else None
+        if axis is not None:  # the measured link replaces the level's datasheet numbers
+            bandwidth[a], latency[a] = axis.bandwidth, axis.step_latency
+            link_names[a] += " (measured)"
+            measured.append(a)
+    merged = _merged_group_bandwidths(cluster, sizes, positions)
     return MeshAxes(
         names=names,
         sizes=sizes,
-        bandwidth=tuple(cluster.axis_bandwidths(sizes, positions)),
-        latency=tuple(link.latency for link in links),
-        link_names=tuple(link.name for link in links),
-        group_bandwidth=_merged_group_bandwidths(cluster, sizes, positions),
+        bandwidth=tuple(bandwidth),
+        latency=tuple(latency),
+        link_names=tuple(link_names),
+        # a merged group over a measured axis runs at the slowest member axis (no entry)
+        group_bandwidth=tuple(e for e in merged if not set(e[0]) & set(measured)),
+        measured_axes=tuple(measured),
+        calibration=calibration,
     )
+
+
+def cost_sources(axes: MeshAxes, cluster: Cluster) -> str:
+    """One line for reports: where the compute and link numbers of a plan come from.
+
+    E.g. "compute: datasheet; links: datasheet", or "compute: measured on NVIDIA H100 80GB HBM3,
+    2026-11-30; links: measured (data), datasheet (node)".
+    """
+    measured = [axes.names[a] for a in axes.measured_axes]
+    rest = [n for a, n in enumerate(axes.names) if a not in axes.measured_axes]
+    links = []
+    if measured:
+        links.append(f"measured ({', '.join(measured)})")
+    if rest:
+        links.append("datasheet" + (f" ({', '.join(rest)})" if measured else ""))
+    return f"compute: {cluster.source}; links: {', '.join(links)}"
 
 
 def mesh_speeds(
