@@ -280,15 +280,41 @@ def markdown(results: list[dict], header: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def merge(paths: list[str], json_path: str | None, md_path: str | None) -> None:
+    """One --json / --md from several runs' --json files (the header of the first, every run's
+    command)."""
+    docs = []
+    for path in paths:
+        with open(path) as f:
+            docs.append(json.load(f))
+    header = {k: v for k, v in docs[0].items() if k != "results"}
+    header["command"] = "; ".join(doc["command"] for doc in docs)
+    results = [res for doc in docs for res in doc["results"]]
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({**header, "results": results}, f, indent=1)
+    if md_path:
+        with open(md_path, "w") as f:
+            f.write(markdown(results, header))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calibration", required=True, help="a jaxpar calibrate file")
+    parser.add_argument("--calibration", help="a jaxpar calibrate file")
     parser.add_argument("--datasheet", default="dgx-h100", help="the datasheet preset")
     parser.add_argument("--models", nargs="+", default=["resnet50", "gpt2_124m"])
     parser.add_argument("--small", action="store_true", help="the small test configs")
     parser.add_argument("--json", default=None)
     parser.add_argument("--md", default=None)
+    parser.add_argument(
+        "--merge", nargs="+", metavar="JSON", help="combine earlier --json outputs (no runs)"
+    )
     args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, args.json, args.md)
+        return
+    if not args.calibration:
+        parser.error("--calibration FILE is needed (write one with jaxpar calibrate)")
     device = jax.devices()[0]
     header = {
         "device": f"{device.device_kind} ({device.platform})",
