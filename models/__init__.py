@@ -39,6 +39,25 @@ remat variant and batch/context overrides of a Llama: ``models.llama.llama_examp
 models.llama.llama_config(name, remat=True, batch=256, seq_len=4096))``.  ``config["params"]``
 of every example is its number of trainable parameters.
 
+``SCANNED`` are models whose repeated layers run inside one ``lax.scan``, and the unrolled twin
+``gpt_unrolled_linen`` (``models/scanned.py``; kept out of ``NAMES`` and ``EXTRA`` like the
+Llamas).  Full sizes below; the small configs are 4 layers at d64, batch 16 (``mlp_grad_accum``:
+32-64-64-10 in 4 micro-batches of 4):
+
+==================  =======================================================  ==========
+name                model                                                    parameters
+==================  =======================================================  ==========
+gpt_scan_linen      GPT-2 124M shapes, blocks stacked with ``nn.scan``       124.4M
+gpt_unrolled_linen  the same decoder, blocks unrolled (Python loop)          124.4M
+gpt_scan_nnx        the same decoder in NNX (``nnx.vmap`` + ``nnx.scan``)    124.4M
+mlp_scan_lax        residual MLP, 16 x d1024, one hand-written ``lax.scan``  17.6M
+mlp_grad_accum      ``mlp`` (784-512-512-10), 8 micro-batches (fori_loop)    0.67M
+==================  =======================================================  ==========
+
+Their layer count and batch: ``models.scanned.scanned_example(name,
+models.scanned.scanned_config(name, layers=64, batch=8))``.  A scanned Llama:
+``models.llama.llama_example(name, models.llama.llama_config(name, scan_layers=True))``.
+
 Usage::
 
     import models
@@ -54,7 +73,16 @@ Adding a model: write a builder ``(batch, small, dtype) -> Example`` decorated w
 from __future__ import annotations
 
 # Family modules register their builders on import.
-from models import cnn, convnets, inception, llama, mlp, nnx_models, transformer  # noqa: F401
+from models import (  # noqa: F401
+    cnn,
+    convnets,
+    inception,
+    llama,
+    mlp,
+    nnx_models,
+    scanned,
+    transformer,
+)
 from models._train import Example, get, register, registered_names
 
 # The paper models, in the order the benchmarks report them.
@@ -80,9 +108,11 @@ EXTRA: tuple[str, ...] = ("cnn", "mlp", "gpt_small", "nnx_mlp")
 # Full-size Llamas (billions of parameters: abstract use only) and their small test model.
 LARGE: tuple[str, ...] = ("llama3_8b", "llama3_70b")
 LARGE_EXTRA: tuple[str, ...] = ("llama_small",)
+# Scanned-layer models (tests/test_scanned_models.py).
+SCANNED: tuple[str, ...] = scanned.NAMES
 
-assert set(NAMES + EXTRA + LARGE + LARGE_EXTRA) == set(registered_names()), (
-    "NAMES/EXTRA/LARGE/LARGE_EXTRA out of sync with the registry"
+assert set(NAMES + EXTRA + LARGE + LARGE_EXTRA + SCANNED) == set(registered_names()), (
+    "NAMES/EXTRA/LARGE/LARGE_EXTRA/SCANNED out of sync with the registry"
 )
 
 __all__ = [
@@ -90,6 +120,7 @@ __all__ = [
     "LARGE",
     "LARGE_EXTRA",
     "NAMES",
+    "SCANNED",
     "Example",
     "get",
     "register",

@@ -13,7 +13,8 @@ are repeated up to ``num_heads``) with rotary position embeddings (RoPE, theta 5
 "rotate half" pairing of dimension ``i`` with ``i + head_dim / 2``) and a causal mask, and a
 SwiGLU MLP ``down(silu(gate(x)) * up(x))``.  No biases anywhere; a final RMSNorm and an untied
 LM head.  Attention is written out with ``jnp.einsum`` and a softmax (no fused attention), and
-the blocks are an unrolled Python loop (no ``nn.scan``), as in ``models/transformer.py``.
+the blocks are an unrolled Python loop (no ``nn.scan``), as in ``models/transformer.py``, unless
+``cfg["scan_layers"]`` (below).
 
 Mixed precision: parameters (the master weights AdamW updates) are float32 and the layers
 compute in the compute ``dtype`` (bfloat16 by default for the full-size configs when built with
@@ -24,6 +25,12 @@ is computed in a narrower type (the loss itself is float32, as for every zoo mod
 ``cfg["remat"] = True`` wraps every block in ``nn.remat``: activations inside a block are
 recomputed in the backward pass instead of stored.  The registered names use ``remat=False``;
 build the remat variant with ``llama_example(name, llama_config(name, remat=True))``.
+
+``cfg["scan_layers"] = True`` (``llama_config(name, scan_layers=True)``) stacks the blocks with
+``nn.scan`` (``models.scanned.scan_blocks``): one ``params["blocks"]`` subtree whose parameters
+have a leading layer axis, the same parameters as the unrolled ``block0`` ... stacked
+(``models.scanned.stack_layers``).  With ``remat`` too, the block is rematerialized inside the
+scan (``nn.scan(nn.remat(LlamaBlock))``, as MaxText does).
 
 Full-size batches are 8 sequences of 4096 tokens; ``llama_config(..., batch=, seq_len=)``
 overrides both (e.g. 256 x 4096 for benchmarks).
@@ -48,6 +55,7 @@ from models._train import (
     register,
     token_batch_spec,
 )
+from models.scanned import scan_blocks
 
 
 def param_dtype_for(dtype: Any) -> jnp.dtype:
@@ -182,6 +190,7 @@ class Llama(nn.Module):
     norm_eps: float = 1e-5
     rope_theta: float = 500_000.0
     remat: bool = False
+    scan_layers: bool = False
     dtype: Any = jnp.bfloat16
     param_dtype: Any = jnp.float32
 
@@ -189,17 +198,22 @@ class Llama(nn.Module):
     def __call__(self, tokens: jax.Array) -> jax.Array:
         kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
         x = nn.Embed(self.vocab_size, self.d_model, name="embed", **kw)(tokens)
-        block = nn.remat(LlamaBlock) if self.remat else LlamaBlock
-        for i in range(self.num_layers):
-            x = block(
-                self.num_heads,
-                self.num_kv_heads,
-                self.ffn_dim,
-                self.norm_eps,
-                self.rope_theta,
-                name=f"block{i}",
-                **kw,
-            )(x)
+        block_args = (
+            self.num_heads,
+            self.num_kv_heads,
+            self.ffn_dim,
+            self.norm_eps,
+            self.rope_theta,
+        )
+        if self.scan_layers:
+            # no barrier: the scan already keeps XLA from merging the recomputation into the
+            # forward pass (JAX's advice for remat inside scan; MaxText's setting)
+            block = nn.remat(LlamaBlock, prevent_cse=False) if self.remat else LlamaBlock
+            x = scan_blocks(block(*block_args, name="blocks", **kw), x, self.num_layers)
+        else:
+            block = nn.remat(LlamaBlock) if self.remat else LlamaBlock
+            for i in range(self.num_layers):
+                x = block(*block_args, name=f"block{i}", **kw)(x)
         x = RMSNorm(self.norm_eps, name="norm_f", **kw)(x)
         logits = nn.Dense(self.vocab_size, use_bias=False, name="lm_head", **kw)(x)
         return logits.astype(_accumulation_dtype(self.dtype))
@@ -220,6 +234,7 @@ def _config(
         "norm_eps": 1e-5,
         "rope_theta": 500_000.0,
         "remat": False,
+        "scan_layers": False,
         "dtype": "bfloat16",  # default compute dtype of llama_example
         "lr": 3e-4,
         "weight_decay": 0.1,
@@ -251,12 +266,14 @@ def llama_config(
     remat: bool = False,
     batch: int | None = None,
     seq_len: int | None = None,
+    scan_layers: bool = False,
 ) -> dict[str, Any]:
     """A fresh copy of the config of ``name`` (a key of ``CONFIGS``), with overrides."""
     if name not in CONFIGS:
         raise KeyError(f"unknown Llama config {name!r}; known: {', '.join(CONFIGS)}")
     cfg = dict(CONFIGS[name][0 if small else 1])
     cfg["remat"] = bool(remat)
+    cfg["scan_layers"] = bool(scan_layers)
     if batch is not None:
         cfg["batch"] = int(batch)
     if seq_len is not None:
@@ -284,6 +301,7 @@ def llama_example(name: str, cfg: dict[str, Any], dtype: Any = None) -> Example:
         norm_eps=cfg["norm_eps"],
         rope_theta=cfg["rope_theta"],
         remat=bool(cfg.get("remat", False)),
+        scan_layers=bool(cfg.get("scan_layers", False)),
         dtype=dtype,
         param_dtype=param_dtype_for(dtype),
     )
