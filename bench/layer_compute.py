@@ -48,9 +48,11 @@ TIMING = Sweep(
     memory_elements=(),
     message_bytes=(),
     chain=1,
+    chain_flops=0.0,
     calls=5,  # back-to-back calls per timed run
     repeats=7,  # timed runs; the median is kept
     warmup=2,
+    warm_up_s=0.0,
 )
 
 

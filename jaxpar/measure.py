@@ -3,7 +3,8 @@
 Every number is a median of timed device runs (jit, warm-up runs, `block_until_ready`):
 
 - matrix products n x n x n and 3x3 convolutions per dtype, each timed as a chain of dependent
-  ops in one program (so host dispatch is paid once per chain, not per op) -> achieved FLOP/s
+  ops in one program, long enough that the device and not the host's dispatch sets the time,
+  largest first after a warm-up that brings an accelerator's clocks up -> achieved FLOP/s
   against the FLOPs of one op (`ThroughputCurve`);
 - an elementwise op (y = 2x) over growing buffers -> memory bandwidth (bytes read + written / s);
 - for every mesh axis of size >= 2 and every collective kind, a `shard_map` program running the
@@ -64,10 +65,14 @@ class Sweep:
     conv_shapes: tuple[tuple[int, int, int], ...]  # (batch, height = width, channels), 3x3 SAME
     memory_elements: tuple[int, ...]  # float32 elements of the bandwidth sweep's buffers
     message_bytes: tuple[int, ...]  # bytes of each device's collective buffer
-    chain: int  # dependent ops per timed program (matmul, conv)
+    chain: int  # dependent ops per timed program (matmul, conv), at least
+    # FLOPs one timed program should do: small ops chain longer (up to MAX_CHAIN) so the device,
+    # not the host's dispatch, sets the time. 0: always `chain`.
+    chain_flops: float
     calls: int  # back-to-back calls per timed run (the last one is waited for)
     repeats: int  # timed runs; the median is kept
     warmup: int  # untimed runs first (compilation, caches)
+    warm_up_s: float  # seconds of large products before the sweep (accelerator clocks ramp up)
 
 
 QUICK = Sweep(
@@ -76,9 +81,11 @@ QUICK = Sweep(
     memory_elements=(1 << 14, 1 << 16),
     message_bytes=(4 * KiB, 64 * KiB),
     chain=2,
+    chain_flops=0.0,
     calls=2,
     repeats=3,
     warmup=1,
+    warm_up_s=0.0,
 )
 CPU = Sweep(
     matmul_sizes=(64, 128, 256, 512, 1024),
@@ -86,9 +93,11 @@ CPU = Sweep(
     memory_elements=(1 << 16, 1 << 20, 1 << 23),
     message_bytes=(4 * KiB, 64 * KiB, MiB, 8 * MiB),
     chain=2,
+    chain_flops=0.0,
     calls=3,
     repeats=5,
     warmup=1,
+    warm_up_s=0.0,
 )
 ACCELERATOR = Sweep(
     matmul_sizes=(128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192),
@@ -107,10 +116,32 @@ ACCELERATOR = Sweep(
     memory_elements=(1 << 16, 1 << 20, 1 << 24, 1 << 26, 1 << 28),
     message_bytes=(4 * KiB, 64 * KiB, MiB, 16 * MiB, 128 * MiB),
     chain=8,
+    chain_flops=2e10,
     calls=5,
     repeats=7,
     warmup=2,
+    warm_up_s=2.0,
 )
+MAX_CHAIN = 64  # longest chain of dependent ops in one timed program
+
+
+def chain_length(flops: float, sweep: Sweep) -> int:
+    """Dependent ops per timed program for ops of `flops` FLOPs: `sweep.chain`, or enough to do
+    `sweep.chain_flops` FLOPs, at most `MAX_CHAIN`."""
+    wanted = math.ceil(sweep.chain_flops / flops) if sweep.chain_flops > 0 else 0
+    return max(sweep.chain, min(MAX_CHAIN, wanted))
+
+
+def warm_up(device: Any, sweep: Sweep) -> None:
+    """Run large float32 products for `sweep.warm_up_s` seconds, so an accelerator's clocks are
+    up before anything is timed (an idle GPU starts at a fraction of its clock)."""
+    if sweep.warm_up_s <= 0:
+        return
+    a = _normal((4096, 4096), "float32", 1.0 / 64, device)
+    product = jax.jit(lambda a: a @ a)
+    deadline = time.perf_counter() + sweep.warm_up_s
+    while time.perf_counter() < deadline:
+        jax.block_until_ready(product(a))
 
 
 def sweep_for(platform: str, quick: bool) -> Sweep:
@@ -147,17 +178,18 @@ def median_seconds(fn: Callable[..., Any], args: Sequence[Any], sweep: Sweep) ->
 
 def matmul_point(n: int, dtype: str, device: Any, sweep: Sweep) -> tuple[float, float]:
     """(FLOPs, achieved FLOP/s) of an n x n x n product: 2n³ FLOPs, timed as a chain of
-    `sweep.chain` dependent products a <- a @ b (b scaled by 1/√n so values stay bounded)."""
+    `chain_length` dependent products a <- a @ b (b scaled by 1/√n so values stay bounded)."""
     a = _normal((n, n), dtype, 1.0, device)
     b = _normal((n, n), dtype, 1.0 / math.sqrt(n), device)
+    flops = 2.0 * n**3
+    length = chain_length(flops, sweep)
 
     def chain(a: jax.Array, b: jax.Array) -> jax.Array:
-        for _ in range(sweep.chain):
+        for _ in range(length):
             a = a @ b
         return a
 
-    seconds = median_seconds(jax.jit(chain), (a, b), sweep) / sweep.chain
-    flops = 2.0 * n**3
+    seconds = median_seconds(jax.jit(chain), (a, b), sweep) / length
     return flops, flops / seconds
 
 
@@ -165,20 +197,22 @@ def conv_point(
     shape: tuple[int, int, int], dtype: str, device: Any, sweep: Sweep
 ) -> tuple[float, float]:
     """(FLOPs, achieved FLOP/s) of a 3x3 SAME convolution, NHWC (batch b, h = w = s, c in and
-    out channels): 2 · b · s² · c² · 9 FLOPs, timed as a chain of dependent convolutions."""
+    out channels): 2 · b · s² · c² · 9 FLOPs, timed as a chain of `chain_length` dependent
+    convolutions."""
     batch, side, channels = shape
     x = _normal((batch, side, side, channels), dtype, 1.0, device)
     w = _normal((3, 3, channels, channels), dtype, 1.0 / math.sqrt(9 * channels), device)
+    flops = 2.0 * batch * side * side * channels * channels * 9
+    length = chain_length(flops, sweep)
 
     def chain(x: jax.Array, w: jax.Array) -> jax.Array:
-        for _ in range(sweep.chain):
+        for _ in range(length):
             x = lax.conv_general_dilated(
                 x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
             )
         return x
 
-    seconds = median_seconds(jax.jit(chain), (x, w), sweep) / sweep.chain
-    flops = 2.0 * batch * side * side * channels * channels * 9
+    seconds = median_seconds(jax.jit(chain), (x, w), sweep) / length
     return flops, flops / seconds
 
 
@@ -302,13 +336,14 @@ def calibrate(
     first = devices[0]
     dtypes = _checked_dtypes(dtypes, first.platform)
     sweep = sweep_for(first.platform, quick)
+    warm_up(first, sweep)
     matmul, conv = {}, {}
-    for dtype in dtypes:
-        points = [matmul_point(n, dtype, first, sweep) for n in sweep.matmul_sizes]
+    for dtype in dtypes:  # largest first: the clocks stay up from the warm-up on
+        points = [matmul_point(n, dtype, first, sweep) for n in sweep.matmul_sizes[::-1]]
         matmul[dtype] = ThroughputCurve(merged_points(points))
-        points = [conv_point(s, dtype, first, sweep) for s in sweep.conv_shapes]
+        points = [conv_point(s, dtype, first, sweep) for s in sweep.conv_shapes[::-1]]
         conv[dtype] = ThroughputCurve(merged_points(points))
-    memory = tuple(memory_point(e, first, sweep) for e in sweep.memory_elements)
+    memory = tuple(memory_point(e, first, sweep) for e in sweep.memory_elements[::-1])
     return Calibration(
         platform=first.platform,
         device_kind=first.device_kind,
@@ -319,7 +354,7 @@ def calibrate(
         matmul=tuple(matmul.items()),
         conv=tuple(conv.items()),
         memory_bandwidth=max(rate for _, rate in memory),
-        memory_points=memory,
+        memory_points=memory[::-1],
         memory_bytes=_memory_capacity(first),
         axes=_axes(mesh, devices, sweep),
     )
