@@ -5,9 +5,9 @@
 the pure `Cluster.detect`. `describe_mesh` turns what a user passes as a mesh (a dict
 {name: size}, a jax `Mesh`, or an `AbstractMesh`) into a `MeshDescription`: the mesh to build
 shardings with, its axis names and sizes, and where known its devices' ids, platform and kind.
-`resolve_cluster` is the one place that turns a cluster argument (a `Cluster`, a preset name, or
-None) into the `Cluster` for a described mesh. Everything after that is pure:
-`jaxpar.hardware.mesh_model`.
+`resolve_cluster` is the one place that turns a cluster argument (a `Cluster`, a preset name, a
+calibration file or `Calibration`, or None) into the `Cluster` for a described mesh. Everything
+after that is pure: `jaxpar.hardware.mesh_model`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
   from `DeviceInfo` descriptions);
 - `cluster`: `Cluster`, the topology model: levels, groups, links and bandwidths per mesh axis;
 - `mesh_model`: the cost model's view of a mesh on a cluster (`MeshAxes`, `mesh_axes`, ...);
-- `speeds`: heterogeneous per-device speeds, AccPar's ratio split (`MeshSpeeds`).
+- `speeds`: heterogeneous per-device speeds, AccPar's ratio split (`MeshSpeeds`);
+- `calibration`: numbers measured on the devices (`Calibration`, written by `jaxpar calibrate`):
+  throughput curves, memory bandwidth, per-axis collective fits, and their JSON file.
 
 The jax side (building meshes, describing them, picking the cluster for one) is
 `jaxpar.meshes`.
