@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -19,6 +20,7 @@ from jax import tree_util
 from jax.sharding import Mesh, NamedSharding
 
 from .configs import Spec, spec_of
+from .graph import SCAN, Region
 from .meshes import make_mesh
 from .options import PlannerOptions
 from .plan_file import as_plan_file
@@ -29,65 +31,164 @@ from .result import Plan
 from .trace import Signature, is_array_leaf, split_args
 
 
-def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
-    """Evaluate the flat program with the plan's sharding constraints (traced under jit)."""
-    program = plan.program
-    mesh_sizes = plan.mesh_axes.sizes
-    env: dict[int, Any] = {}
-    produced: dict[tuple[int, Spec, Spec], Any] = {}  # (tensor, before, after) -> value
+class _Runner:
+    """The interpreter of `run_program`: one environment (tensor id -> value) and one reshard
+    cache ((tensor, before, after) -> value) per region body being traced."""
 
-    def constrain(value: Any, spec: Spec) -> Any:
-        return jax.lax.with_sharding_constraint(value, plan.named(spec))
+    def __init__(self, plan: Plan):
+        self.plan, self.program = plan, plan.program
+        self.member_of = {m.eqn: m for node in plan.ng.nodes for m in node.members if m.eqn >= 0}
+        self.starts: dict[int, list[Region]] = {}  # first equation -> the regions starting there
+        for region in self.program.regions:
+            self.starts.setdefault(region.first, []).append(region)
 
-    def plain(tid: int) -> bool:
-        t = program.tensors[tid]
+    def constrain(self, value: Any, spec: Spec) -> Any:
+        return jax.lax.with_sharding_constraint(value, self.plan.named(spec))
+
+    def plain(self, tid: int) -> bool:
+        t = self.program.tensors[tid]
         return t.opaque or not t.shape or not t.nbytes
 
-    def read(tid: int, spec: Spec) -> Any:
-        if plain(tid) or not spec:
+    def read(self, env: dict, produced: dict, tid: int, spec: Spec) -> Any:
+        """``tid`` in layout ``spec``: one constraint per step of its reshard path, each step
+        taken once per cache."""
+        if self.plain(tid) or not spec:
             return env[tid]
-        have = plan.tensor_specs.get(tid)
+        have = self.plan.tensor_specs.get(tid)
         value = env[tid]
         if have is None:
             return value
-        for step in reshard_path(program.tensors[tid].nbytes, have, spec, mesh_sizes):
+        for step in reshard_path(
+            self.program.tensors[tid].nbytes, have, spec, self.plan.mesh_axes.sizes
+        ):
             key = (tid, step.before, step.after)
             if key not in produced:
-                produced[key] = constrain(value, step.after)
+                produced[key] = self.constrain(value, step.after)
             value = produced[key]
         return value
 
-    for tid, value in program.consts.items():
-        env[tid] = value
-    for tid, value in zip(program.invars, flat_args, strict=True):
-        env[tid] = value
-    member_of = {m.eqn: m for node in plan.ng.nodes for m in node.members if m.eqn >= 0}
-    node_of = plan.ng.node_of_eqn
-    for eqn in program.eqns:
-        m = member_of[eqn.index]
-        cfg = plan.config(node_of[eqn.index])
-        invals = []
-        for tid, lit, mp in zip(eqn.inputs, eqn.literals, m.in_maps, strict=True):
-            if tid is None:
-                invals.append(lit)
+    def in_specs(self, index: int) -> list[Spec | None]:
+        """The layouts equation ``index`` reads its operands in (None: a literal)."""
+        m = self.member_of[index]
+        cfg = self.plan.config(self.plan.ng.node_of_eqn[index])
+        return [None if mp is None else spec_of(mp, cfg) for mp in m.in_maps]
+
+    def run(self, start: int, stop: int, level: int, env: dict, produced: dict) -> None:
+        """Equations ``[start, stop)`` of region ``level`` (-1: the step's top level)."""
+        i = start
+        while i < stop:
+            region = next((r for r in self.starts.get(i, ()) if r.parent == level), None)
+            if region is not None:
+                self.hoist(region, env, produced)
+                (self.run_scan if region.kind == SCAN else self.run_cond)(region, env, produced)
+                i = region.end
+                continue
+            eqn = self.program.eqns[i]
+            invals = [
+                lit if tid is None else self.read(env, produced, tid, spec)
+                for tid, lit, spec in zip(eqn.inputs, eqn.literals, self.in_specs(i), strict=True)
+            ]
+            if eqn.primitive == "sharding_constraint":  # the plan's layouts replace the user's
+                outs = [invals[0]]
             else:
-                invals.append(read(tid, spec_of(mp, cfg)))
-        if eqn.primitive == "sharding_constraint":  # the plan's layouts replace user constraints
-            outs = [invals[0]]
-        else:
-            outs = eqn.bind.bind(*invals, **eqn.bind.get_bind_params(eqn.params))
-            if not eqn.bind.multiple_results:
-                outs = [outs]
-        for tid, value in zip(eqn.outputs, outs, strict=True):
-            if not plain(tid):
-                value = constrain(value, plan.tensor_specs[tid])
-            env[tid] = value
-    results = []
-    for tid, lit, spec in zip(
-        program.outvars, program.out_literals, plan.outvar_specs, strict=True
-    ):
-        results.append(lit if tid is None else read(tid, spec))
-    return results
+                outs = eqn.bind.bind(*invals, **eqn.bind.get_bind_params(eqn.params))
+                if not eqn.bind.multiple_results:
+                    outs = [outs]
+            self.write(env, eqn.outputs, outs)
+            i += 1
+
+    def write(self, env: dict, tids: Sequence[int], values: Sequence[Any]) -> None:
+        for tid, value in zip(tids, values, strict=True):
+            env[tid] = (
+                value if self.plain(tid) else self.constrain(value, self.plan.tensor_specs[tid])
+            )
+
+    def hoist(self, region: Region, env: dict, produced: dict) -> None:
+        """Reshard, before the region, what its equations read from outside it (once, as
+        `tables.edge_uses` prices them): loop invariants, a scan's init and stacked xs."""
+        program = self.program
+        eqns = range(region.first, region.end)
+        inside = {t for i in eqns for t in program.eqns[i].outputs}
+        for i in eqns:
+            for tid, spec in zip(program.eqns[i].inputs, self.in_specs(i), strict=True):
+                if tid is not None and tid not in inside:
+                    self.read(env, produced, tid, spec)
+        for out_t, spec in zip(region.carry_out, self.carry_specs(region), strict=True):
+            if out_t not in inside and spec is not None:
+                self.read(env, produced, out_t, spec)
+
+    def carry_specs(self, region: Region) -> list[Spec | None]:
+        """The layout each iteration of a scan reads its carry in."""
+        specs = self.plan.tensor_specs
+        return [specs.get(self.program.eqns[i].outputs[0]) for i in region.carry_eqns]
+
+    def operand(self, env: dict, produced: dict, i: int, k: int = 0) -> Any:
+        """Operand ``k`` of equation ``i`` in the layout it reads (a literal as it is)."""
+        eqn = self.program.eqns[i]
+        tid, lit = eqn.inputs[k], eqn.literals[k]
+        return lit if tid is None else self.read(env, produced, tid, self.in_specs(i)[k])
+
+    def run_scan(self, region: Region, env: dict, produced: dict) -> None:
+        """Re-emit a planned scan with the plan's constraints inside its body; the carry an
+        iteration returns is resharded to the layout the next one reads."""
+        program, carry_specs = self.program, self.carry_specs(region)
+
+        def body(carry: list, xs: list) -> tuple[list, list]:
+            benv, bproduced = dict(env), dict(produced)
+            entries = [*region.carry_eqns, *region.slice_eqns]
+            for i, value in zip(entries, [*carry, *xs], strict=True):
+                self.write(benv, program.eqns[i].outputs, [value])
+            self.run(*region.bodies[0], region.index, benv, bproduced)
+            new_carry = [
+                benv[t] if spec is None else self.read(benv, bproduced, t, spec)
+                for t, spec in zip(region.carry_out, carry_specs, strict=True)
+            ]
+            ys = [self.operand(benv, bproduced, i) for i in region.result_eqns]
+            return new_carry, ys
+
+        final, ys = jax.lax.scan(
+            body,
+            [self.operand(env, produced, i) for i in region.carry_eqns],
+            [self.operand(env, produced, i) for i in region.slice_eqns],
+            length=region.trips,
+            reverse=region.reverse,
+            unroll=region.unroll,
+        )
+        self.write(env, region.carry_out, final)
+        self.write(env, [program.eqns[i].outputs[0] for i in region.result_eqns], ys)
+
+    def run_cond(self, region: Region, env: dict, produced: dict) -> None:
+        """Re-emit a planned cond: each branch with the plan's constraints, returning its
+        results in the merged layouts."""
+        program = self.program
+
+        def branch(b: int):
+            def run() -> list:
+                benv, bproduced = dict(env), dict(produced)
+                self.run(*region.bodies[b], region.index, benv, bproduced)
+                return [self.operand(benv, bproduced, i, b) for i in region.result_eqns]
+
+            return run
+
+        index = region.branch_literal if region.branch_index is None else env[region.branch_index]
+        outs = jax.lax.switch(index, [branch(b) for b in range(len(region.bodies))])
+        self.write(env, [program.eqns[i].outputs[0] for i in region.result_eqns], outs)
+
+
+def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
+    """Evaluate the flat program with the plan's sharding constraints (traced under jit)."""
+    program = plan.program
+    runner = _Runner(plan)
+    env: dict[int, Any] = dict(program.consts)
+    produced: dict[tuple[int, Spec, Spec], Any] = {}
+    env.update(zip(program.invars, flat_args, strict=True))
+    runner.run(0, len(program.eqns), -1, env, produced)
+    return [
+        lit if tid is None else runner.read(env, produced, tid, spec)
+        for tid, lit, spec in zip(
+            program.outvars, program.out_literals, plan.outvar_specs, strict=True
+        )
+    ]
 
 
 @dataclasses.dataclass

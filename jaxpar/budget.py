@@ -74,8 +74,11 @@ def fit_budget(
         consider(a, None)
     for run in choice.runs.values():
         consider(run.assignment, None)
-    base = ctx.tables.problem
+    base, tying = ctx.tables.problem, choice.tying
     proxy = [model.node_bytes(v) for v in range(base.num_nodes)]
+    if tying is not None:  # search the tied space, as `choose` did
+        base = tying.reduce(base)
+        proxy = [sum(proxy[v] for v in c) for c in tying.classes]
     solves = 0
     peaks: list[float] = []  # peak of each λ's solution
 
@@ -90,8 +93,11 @@ def fit_budget(
         )
         fitting = sorted((v[0].objective, a) for a, v in seen.items() if v[1].fits)
         starts = [a for _, a in fitting[:1]] + [choice.assignment]
+        if tying is not None:
+            starts = [tying.restrict(a) for a in starts]
         sol = solve(problem, starts=starts, budget=options.budget)
-        estimate = consider(sol.assignment, lam)
+        found = tying.expand(sol.assignment) if tying is not None else sol.assignment
+        estimate = consider(found, lam)
         peaks.append(estimate.peak)
         ok = bool(estimate.fits)
         tick(f"memory budget: λ={lam:.3g}, {'fits' if ok else 'over budget'}")

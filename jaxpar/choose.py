@@ -20,13 +20,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from .baselines import BASELINES, baseline_assignment, hypar_space
+from .blocks import MIN_TIED_NODES, Tying, find_repeats
 from .configs import node_configs
-from .cost import compute_times, unary_costs
 from .evaluate import EvalContext, Evaluation, evaluate
 from .kcut import cut_order, kcut, project, restrict
 from .options import PlannerOptions
 from .search import Problem, eliminates, solve, solve_exact
-from .tables import ReshardTables, pairwise_bound, pairwise_skeleton
+from .tables import ReshardTables, node_tables, pairwise_bound, pairwise_skeleton
 
 Tick = Callable[[str], None]
 
@@ -56,6 +56,7 @@ class Choice:
     runs: dict[str, SearchRun]  # every search that ran
     baselines: dict[str, tuple[tuple[int, ...], Evaluation]]  # data / model / owt
     fell_back_to: str | None  # a baseline that beat the search under the reported cost
+    tying: Tying | None = None  # repeated layers searched as one (`optimal` is within that space)
 
 
 def reaches(value: float, lower_bound: float | None) -> bool:
@@ -96,19 +97,25 @@ def choose(
             options.strategy, a, base_eval[options.strategy], False, None, {}, baselines, None
         )
     space = None  # per node, the configuration indices the strategy may use
+    tying = None
     if options.strategy == "hypar":
         space = hypar_space(ng, list(tables.configs), ctx.batch, base["data"])
+    elif options.share_blocks is not False:
+        least = MIN_TIED_NODES if options.share_blocks is None else 0
+        tying = find_repeats(ng, tables.configs, ctx.labels, least)
     runs: dict[str, SearchRun] = {}
     lower = None
     for name in options.searches():
         t0 = time.perf_counter()
         if name == "kcut":
-            assignment, exact, stats = _run_kcut(ctx, options, space, list(base.values()), tick)
+            assignment, exact, stats = _run_kcut(
+                ctx, options, space, tying, list(base.values()), tick
+            )
             candidates = [assignment]
         else:
             extra = [runs["kcut"].assignment] if "kcut" in runs else []
             candidates, exact, lower, stats = _run_elimination(
-                ctx, options, space, [*base.values(), *extra], tick
+                ctx, options, space, tying, [*base.values(), *extra], tick
             )
             candidates += extra  # k-cut's plan: elimination reports nothing worse
         evals = [(tuple(a), priced(a)) for a in candidates]
@@ -128,14 +135,16 @@ def choose(
             assignment, evaluation, fell_back = base[name], base_eval[name], name
     optimal = reaches(evaluation.objective, lower)
     return Choice(
-        options.strategy, assignment, evaluation, optimal, lower, runs, baselines, fell_back
-    )
+        options.strategy, assignment, evaluation, optimal, lower, runs, baselines, fell_back,
+        tying,
+    )  # fmt: skip
 
 
 def _run_elimination(
     ctx: EvalContext,
     options: PlannerOptions,
     space: list[list[int]] | None,
+    tying: Tying | None,
     starts: list[Sequence[int]],
     tick: Tick,
 ) -> tuple[list[list[int]], bool, float | None, dict]:
@@ -147,12 +156,20 @@ def _run_elimination(
     tables, 1/k of each read's path where they fell back); when the problem is too wide to
     eliminate, the pairwise bound (`tables.pairwise_bound`): no tables over several nodes.
     A bound is only ever solved by exact elimination: one that descent approaches certifies
-    nothing.
+    nothing. With a ``tying`` every problem is reduced to its variables first: the bound is
+    then a bound over the tied space.
     """
     tables, budget = ctx.tables, options.budget
-    narrow = lambda p: restrict(p, space) if space is not None else p
+
+    def narrow(p: Problem) -> Problem:
+        if space is not None:
+            return restrict(p, space)
+        return tying.reduce(p) if tying is not None else p
+
     if space is not None:
         starts = [p for p in (project(s, space) for s in starts) if p is not None]
+    elif tying is not None:
+        starts = [tying.restrict(s) for s in starts]
 
     def on_round(start: int, starts: int, rounds: int, value: float) -> None:
         unit = f"{value / 1e6:.3f} MB" if options.objective == "comm" else f"{value * 1e3:.4f} ms"
@@ -177,6 +194,8 @@ def _run_elimination(
     stats["bound_time_s"] = time.perf_counter() - t0
     if space is not None:
         found = [[space[v][i] for v, i in enumerate(a)] for a in found]
+    elif tying is not None:
+        found = [tying.expand(a) for a in found]
     return found, sol.optimal, lower, stats
 
 
@@ -184,6 +203,7 @@ def _run_kcut(
     ctx: EvalContext,
     options: PlannerOptions,
     space: list[list[int]] | None,
+    tying: Tying | None,
     starts: list[Sequence[int]],
     tick: Tick,
 ) -> tuple[list[int], bool, dict]:
@@ -205,9 +225,15 @@ def _run_kcut(
         index = [{c: i for i, c in enumerate(e)} for e in ext_configs]
         final = [[index[v][configs[v][i]] for i in final[v]] for v in range(len(configs))]
         starts = [[index[v][configs[v][a]] for v, a in enumerate(s)] for s in starts]
-    res = kcut(ext, ext_configs, mesh.sizes, mesh.bandwidth, final, starts, options.budget)
+    problem, cut_configs = ext, ext_configs
+    if tying is not None:  # one variable per class of repeated nodes
+        problem = tying.reduce(ext)
+        cut_configs = [ext_configs[c[0]] for c in tying.classes]
+        final = [final[c[0]] for c in tying.classes]
+        starts = [tying.restrict(s) for s in starts]
+    res = kcut(problem, cut_configs, mesh.sizes, mesh.bandwidth, final, starts, options.budget)
     tick(f"k-cut: {len(res.cuts)} cut{'s' if len(res.cuts) != 1 else ''}")
-    assignment = res.assignment
+    assignment = tying.expand(res.assignment) if tying is not None else res.assignment
     if ext is not tables.problem:
         back = [{c: i for i, c in enumerate(cf)} for cf in configs]
         assignment = [back[v][ext_configs[v][a]] for v, a in enumerate(assignment)]
@@ -229,7 +255,7 @@ def _unfiltered(ctx: EvalContext) -> tuple[list[list], Problem]:
         every = node_configs(ng, node, params.mesh.sizes)
         ext_configs.append(every if set(cfgs) <= set(every) else cfgs)
     unary = [
-        unary_costs(ng, node, cfgs, params, compute_times(ng, node, cfgs, params))
+        node_tables(ng, node, cfgs, params)[1]
         for node, cfgs in zip(ng.nodes, ext_configs, strict=True)
     ]
     ext = Problem(unary=unary, edges={}, blocks=tables.problem.blocks)

@@ -9,6 +9,7 @@ Pure: numpy only.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -42,8 +43,10 @@ def enumerate_configs(space: OpSpace, sizes: Sequence[int], tensor_sizes) -> lis
     return out
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def spec_of(dim_map: DimMap | None, cfg: Config) -> Spec:
-    """The layout of a tensor whose dims map to iteration dims ``dim_map`` under ``cfg``."""
+    """The layout of a tensor whose dims map to iteration dims ``dim_map`` under ``cfg``
+    (cached: evaluating a plan asks for the same few layouts hundreds of thousands of times)."""
     if dim_map is None:
         return ()
     return tuple(

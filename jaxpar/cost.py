@@ -20,6 +20,7 @@ import numpy as np
 
 from .collectives import ALL_REDUCE, PERMUTE, all_reduce_bytes, transfer_time
 from .configs import Config, degree, dim_degrees, shard_count, spec_of
+from .graph import REGION_PRIMITIVES
 from .hardware.calibration import CONV, MATMUL
 from .hardware.mesh_model import MeshAxes
 from .nodes import Node, NodeGraph
@@ -80,8 +81,8 @@ def compute_times(
         return out
 
     for m in node.members:
-        if m.eqn < 0:
-            continue
+        if m.eqn < 0 or ng.program.eqns[m.eqn].primitive in REGION_PRIMITIVES:
+            continue  # a scan's carry, slice and stack move no data of their own
         eqn = ng.program.eqns[m.eqn]
         deg = np.ones(len(cfgs))
         for d in m.used_dims:

@@ -86,14 +86,13 @@ def collectives_table(plan: Any, compiled: Any) -> str:
 
     hlo = compiled_collectives(compiled)
     check = fidelity(plan.collectives, compiled)
-    pred_n = Counter(c.kind for c in plan.collectives)
-    pred_b = Counter()
+    pred_n, pred_b, hlo_n, hlo_b = Counter(), Counter(), Counter(), Counter()
     for c in plan.collectives:
+        pred_n[c.kind] += c.count
         pred_b[c.kind] += c.bytes
-    hlo_n = Counter(h.kind for h in hlo)
-    hlo_b = Counter()
     for h in hlo:
-        hlo_b[h.kind] += h.bytes_per_device
+        hlo_n[h.kind] += h.count
+        hlo_b[h.kind] += h.total_bytes
     lines = [
         "collectives per step: predicted vs compiled (XLA's combiner merges collectives, so "
         "counts differ; bytes must match)",

@@ -33,12 +33,13 @@ class Collective:
     kind: str  # all-reduce / all-gather / all-to-all / collective-permute
     axes: tuple[str, ...]  # mesh axes of its groups
     group_size: int
-    bytes: float  # bytes sent per device (ring accounting)
-    time_s: float
+    bytes: float  # bytes sent per device per step (ring accounting), all `count` runs
+    time_s: float  # per step, all `count` runs
     tensor: str  # dtype[shape] of the full tensor
     reason: str  # "reshard", "partial-sum", "gradient-sync", "halo", "state-feedback"
     phase: str
     layer: str
+    count: int = 1  # runs per step: the trip counts of the loops it runs in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +116,10 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     for node in ng.nodes:
         v, a = node.index, assignment[node.index]
         cfg = tables.configs[v][a]
-        compute = float(tables.compute[v][a])
+        compute = float(tables.compute[v][a])  # all iterations of a loop body's node
+        trips = ng.program.trips(node.region)
         own = node_collectives(ng, node, cfg, mesh)
-        objective += node_price(compute, own, ctx.params.objective)
+        objective += node_price(compute / trips, own, ctx.params.objective) * trips
         factor = 1.0
         if ctx.speeds is not None:
             factor = ctx.speeds.factor(node_dtype(ng, node), split_axes(cfg))
@@ -130,16 +132,17 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
                 tensor = _tensor_name(ng, c.tensor)
             else:
                 reason, term, tensor = "halo", "t_X", "halo"
-            row[term] += c.time_s
-            row["bytes"] += c.nbytes
+            row[term] += c.time_s * trips
+            row["bytes"] += c.nbytes * trips
             axes = tuple(mesh.names[x] for x in c.axes)
             colls.append(
                 Collective(
-                    c.kind, axes, c.group_size, c.nbytes, c.time_s, tensor, reason,
-                    node.phase, ctx.labels[v],
+                    c.kind, axes, c.group_size, c.nbytes * trips, c.time_s * trips, tensor,
+                    reason, node.phase, ctx.labels[v], trips,
                 )
             )  # fmt: skip
-    produced: set[tuple] = set()  # (tensor, before, after): each reshard step is emitted once
+    # (tensor, context, before, after): each reshard step is emitted once per loop context
+    produced: set[tuple] = set()
     for use in tables.uses:
         tensor = ng.program.tensors[use.tensor]
         if tensor.opaque or not tensor.shape or not tensor.nbytes:
@@ -147,21 +150,22 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
         src = spec_of(use.src_map, tables.configs[use.src][assignment[use.src]])
         dst = spec_of(use.dst_map, tables.configs[use.dst][assignment[use.dst]])
         feedback = use.tensor in ctx.feedback and ng.nodes[use.dst].anchor < 0
+        trips = ng.program.trips(use.context)
         for step in reshard_path(tensor.nbytes, src, dst, mesh.sizes):
-            key = (use.tensor, step.before, step.after)
+            key = (use.tensor, use.context, step.before, step.after)
             if step.kind == SLICE or key in produced:
                 continue
             produced.add(key)
-            t = step_time(step, mesh)
-            objective += step.nbytes if ctx.params.objective == "comm" else t
+            t, nbytes = step_time(step, mesh) * trips, step.nbytes * trips
+            objective += nbytes if ctx.params.objective == "comm" else t
             row = rows[use.dst]
             row["t_X"] += t
-            row["bytes"] += step.nbytes
+            row["bytes"] += nbytes
             colls.append(
                 Collective(
-                    step.kind, (mesh.names[step.axis],), mesh.sizes[step.axis], step.nbytes, t,
+                    step.kind, (mesh.names[step.axis],), mesh.sizes[step.axis], nbytes, t,
                     _tensor_name(ng, use.tensor), "state-feedback" if feedback else "reshard",
-                    ng.nodes[use.dst].phase, ctx.labels[use.dst],
+                    ng.nodes[use.dst].phase, ctx.labels[use.dst], trips,
                 )
             )  # fmt: skip
     return Evaluation(_plan_cost(rows), tuple(colls), tuple(NodeRow(**r) for r in rows), objective)

@@ -58,6 +58,56 @@ class Equation:
     outputs: tuple[int, ...]  # tensor ids
     name_stack: str  # e.g. "transpose(jvp(MLP))/Dense_0"
     bind: Any = dataclasses.field(default=None, compare=False, repr=False)  # opaque: for apply
+    region: int = -1  # the innermost planned region holding it (`Program.regions`), or -1
+
+
+# Equations a planned region adds around its bodies (rules in `rules_loops`; never bound).
+SCAN_CARRY = "scan_carry"  # init (outside) -> the carry an iteration reads
+SCAN_SLICE = "scan_slice"  # stacked xs (outside) -> the slice an iteration reads
+SCAN_STACK = "scan_stack"  # an iteration's y -> the stacked ys (outside)
+COND_MERGE = "cond_merge"  # each branch's k-th result -> the cond's k-th result
+REGION_PRIMITIVES = (SCAN_CARRY, SCAN_SLICE, SCAN_STACK, COND_MERGE)
+SCAN, COND = "scan", "cond"
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """A control-flow equation whose bodies are planned; its equations are
+    ``eqns[first:end]`` (nested regions inline).
+
+    - ``scan``: one `SCAN_CARRY` per carry, one `SCAN_SLICE` per xs, the body, one `SCAN_STACK`
+      per ys. The body is planned once and priced ``trips`` times; the scan's final carry is the
+      body's ``carry_out`` tensor, its ys the stacks' results.
+    - ``cond``: each branch's body in turn (``bodies``), then one `COND_MERGE` per result,
+      reading that result of every branch in one layout. Every branch is priced (an upper bound:
+      one runs); ``index`` is the branch index tensor.
+    """
+
+    index: int  # position in `Program.regions`
+    kind: str  # SCAN or COND
+    parent: int  # the enclosing region, or -1
+    trips: int  # runs of a body per run of the region (the scan's length; 1 for a cond)
+    first: int  # first equation
+    bodies: tuple[tuple[int, int], ...]  # [start, stop) of each body (a scan has one)
+    end: int  # one past the last equation
+    carry_out: tuple[int, ...] = ()  # scan: per carry, the body tensor an iteration returns
+    reverse: bool = False  # scan
+    unroll: Any = 1  # scan: its unroll param, re-emitted as given
+    branch_index: int | None = None  # cond: the tensor choosing the branch (None: a literal)
+    branch_literal: Any = None  # cond: the literal index when ``branch_index`` is None
+
+    @property
+    def carry_eqns(self) -> range:
+        return range(self.first, self.first + len(self.carry_out))
+
+    @property
+    def slice_eqns(self) -> range:
+        return range(self.first + len(self.carry_out), self.bodies[0][0])
+
+    @property
+    def result_eqns(self) -> range:
+        """The `SCAN_STACK` or `COND_MERGE` equations."""
+        return range(self.bodies[-1][1], self.end)
 
 
 @dataclasses.dataclass
@@ -72,6 +122,28 @@ class Program:
     consts: dict[int, Any]  # tensor id -> constant value (closed-over arrays: replicated)
     invar_paths: list[str]  # pytree path of each flat argument, e.g. "[0].params['Dense_0']"
     outvar_paths: list[str]  # pytree path of each flat result
+    regions: list[Region] = dataclasses.field(default_factory=list)  # planned, outer first
+
+    def region_chain(self, region: int) -> list[int]:
+        """``region`` and the regions enclosing it, innermost first ([] for -1)."""
+        chain = []
+        while region >= 0:
+            chain.append(region)
+            region = self.regions[region].parent
+        return chain
+
+    def trips(self, region: int) -> int:
+        """How many times per step an equation of ``region`` runs (1 outside regions)."""
+        if region < 0:
+            return 1
+        return math.prod(self.regions[i].trips for i in self.region_chain(region))
+
+    def common_region(self, a: int, b: int) -> int:
+        """The innermost region enclosing both ``a`` and ``b`` (-1: none)."""
+        if a < 0 or b < 0:
+            return -1
+        chain = set(self.region_chain(b))
+        return next((i for i in self.region_chain(a) if i in chain), -1)
 
     def producers(self) -> dict[int, int]:
         """Tensor id -> index of the equation producing it."""

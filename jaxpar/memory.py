@@ -171,8 +171,10 @@ class MemoryModel:
             for t in e.outputs:
                 self.producer_eqn[t] = e.index
         self.reads: dict[int, list[EdgeUse]] = {}
+        self.read_at: dict[EdgeUse, int] = {}
         for u in inputs.uses:
             self.reads.setdefault(u.tensor, []).append(u)
+            self.read_at[u] = self._read_position(u)
         self.long_lived = long_lived_tensors(ng, inputs.uses)
         self._node_bytes: dict[int, np.ndarray] = {}
         self.outvar_set = {t for t in program.outvars if t is not None}
@@ -182,6 +184,17 @@ class MemoryModel:
         self.unfused = {t: e.primitive not in FUSIBLE for e in program.eqns for t in e.outputs}
         self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
         self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
+
+    def _read_position(self, u: EdgeUse) -> int:
+        """Where a read ends the tensor's life: its equation, or, for a read inside a loop of a
+        tensor made outside it, the loop's last equation (every iteration reads it)."""
+        program = self.inp.ng.program
+        at = u.order[0]
+        for loop in program.region_chain(self.inp.ng.nodes[u.dst].region):
+            if loop == u.context:
+                break
+            at = max(at, program.regions[loop].end - 1)
+        return at
 
     def _bytes(self, t: int, spec) -> float:
         tensor = self.inp.ng.program.tensors[t]
@@ -283,13 +296,13 @@ class MemoryModel:
         have = spec.get(t, ())
         phase = ng.nodes[src].phase if src is not None else UPDATE
         own = src is not None and (
-            self.unfused.get(t, False) or len({u.order[0] for u in reads}) > 1
+            self.unfused.get(t, False) or len({self.read_at[u] for u in reads}) > 1
         )
         external = [u for u in reads if u.dst != src or u.order[0] >= self.end or own]
         copies: dict[tuple, list[int]] = {}
         last_direct = born
         for u in external:
-            at = min(u.order[0], self.end)
+            at = min(self.read_at[u], self.end)
             want = spec_of(u.dst_map, cfg[u.dst])
             if want == have or at >= self.end:
                 last_direct = max(last_direct, at)

@@ -12,6 +12,8 @@ its node's sharding.
 - Every flat argument is an input node; followers may join it (optimizer updates join the state
   they update, so parameters and their optimizer state share a sharding unless it pays not to).
 - Nodes whose tensors are all scalars (or opaque PRNG keys) are fixed to replicated.
+- Equations join only nodes of the same loop body (`graph.Region`): a node runs as often as its
+  loop iterates.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Node:
     invar: int | None = None  # the tensor id for input nodes
     tensor_maps: dict[int, DimMap] = dataclasses.field(default_factory=dict)  # produced tensors
     fixed: bool = False  # only the replicated configuration
+    region: int = -1  # the planned loop whose body holds its equations (`graph.Region`), or -1
 
 
 @dataclasses.dataclass
@@ -76,6 +79,7 @@ def _absorbable_broadcasts(program: Program) -> dict[int, int]:
             continue
         reader = program.eqns[readers[0]]
         same = program.tensors[reader.outputs[0]].shape == program.tensors[e.outputs[0]].shape
+        same = same and reader.region == e.region
         if reader.primitive in _FOLLOWERS and same and len(set(reader.outputs)) == 1:
             out[e.index] = reader.index
     return out
@@ -142,6 +146,8 @@ def _join_target(e, program, space, nodes, node_of_tensor) -> tuple[Node | None,
         if t is None or t not in node_of_tensor or program.tensors[t].shape != out_shape:
             continue
         g = nodes[node_of_tensor[t]]
+        if g.region != e.region:  # a node's equations run together: never across a loop's edge
+            continue
         tmap = g.tensor_maps.get(t)
         if tmap is not None and all(d is not None for d in tmap):
             return g, tmap
@@ -168,6 +174,7 @@ def build_nodes(program: Program) -> NodeGraph:
         if target is None:
             stack = e.name_stack
             target = Node(len(nodes), space, [], phase_of(stack), layer_of(stack), e.index)
+            target.region = e.region
             nodes.append(target)
             member = _anchor_member(e, space)
         else:

@@ -31,6 +31,11 @@ class PlannerOptions:
       bytes, a size such as "60GB", or None for no limit (memory is still predicted).
     - ``donate_argnums``: the arguments whose buffers the step donates (their results reuse
       them); None: the state, i.e. every argument that is not a batch argument.
+    - ``share_blocks``: give structurally identical layers the same configurations and search
+      one representative (`blocks.find_repeats`): a restriction of the space, which the
+      certificate then speaks about. None (default): when the repeated layers hold at least
+      `blocks.MIN_TIED_NODES` nodes (large steps, where search time matters; a small stack may
+      gain from alternating layouts); True: whenever layers repeat; False: never.
     """
 
     strategy: str = "auto"
@@ -41,6 +46,7 @@ class PlannerOptions:
     budget: SearchBudget = dataclasses.field(default_factory=SearchBudget)
     memory_budget: float | str | None = "device"
     donate_argnums: tuple[int, ...] | None = None
+    share_blocks: bool | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

@@ -1,6 +1,6 @@
 """Plans as artifacts: save a `Plan` as plain JSON, load it back, apply it, export its specs.
 
-**Format** (``"schema": "jaxpar.planfile/1"``; plain JSON, UTF-8, never pickle: loading a file
+**Format** (``"schema": "jaxpar.planfile/2"``; plain JSON, UTF-8, never pickle: loading a file
 only parses and validates data, it cannot run code). Top-level fields, all required:
 
 - ``schema``, ``jaxpar_version``, ``jax_version``, ``function`` (the step's name, for reference);
@@ -55,7 +55,7 @@ from .nodes import NodeGraph
 from .options import SEARCHES, PlannerOptions
 from .result import Plan
 
-SCHEMA = "jaxpar.planfile/1"
+SCHEMA = "jaxpar.planfile/2"
 MAX_FILE_BYTES = 256 << 20
 MAX_INT = 2**53  # larger integers are not exact in most JSON readers
 MAX_AXES, MAX_DEVICES, MAX_DIM = 16, 2**20, 1023
@@ -66,7 +66,7 @@ _FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
 _COST_FIELDS = tuple(f.name for f in dataclasses.fields(PlanCost))
 _COLLECTIVE_FIELDS = {
     "kind": str, "axes": list, "group_size": int, "bytes": float, "time_s": float,
-    "tensor": str, "reason": str, "phase": str, "layer": str,
+    "tensor": str, "reason": str, "phase": str, "layer": str, "count": int,
 }  # fmt: skip
 
 

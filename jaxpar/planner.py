@@ -225,6 +225,10 @@ def plan_stats(
     stats["free_nodes"] = sum(1 for c in tables.configs if len(c) > 1)
     stats["edges"] = len(tables.problem.edges)
     stats["max_configs"] = max(len(c) for c in tables.configs)
+    stats["loops"] = [loop.trips for loop in traced.program.regions]
+    if choice.tying is not None:  # repeated layers searched as one: the certificate's space
+        stats["tied_nodes"] = choice.tying.tied_nodes
+        stats["repeated_layers"] = [list(f) for f in choice.tying.families]
     return stats
 
 

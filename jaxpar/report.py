@@ -167,16 +167,25 @@ def paper_notation(plan: Plan, node_index: int, cfg: Config) -> str:
 
 
 def certificate_line(plan: Plan) -> str:
-    """What ``optimal`` means for this plan, in one line."""
+    """What ``optimal`` means for this plan, in one line (and, when repeated layers were
+    searched as one, the space it speaks about)."""
+    tying = plan.choice.tying if plan.strategy in ("auto", "hypar") else None
+    space, copies = "every plan's cost", 0
+    if tying is not None:
+        copies = sum(n for _, n in tying.families)
+        space = f"the cost of every plan giving repeated layers ({copies} copies) equal layouts"
     if plan.optimal:
-        return "optimal: certified (reported cost = exact lower bound of every plan's cost)"
+        return f"optimal: certified (reported cost = exact lower bound of {space})"
     if plan.strategy not in ("auto", "hypar"):
         return f"optimal: not claimed ({plan.strategy} is a fixed rule)"
     if plan.lower_bound is None:
-        return "optimal: not certified (the step is too wide for exact elimination)"
+        wide = "the step is too wide for exact elimination"
+        if tying is not None:
+            wide += f", searched with repeated layers ({copies} copies) sharing layouts"
+        return f"optimal: not certified ({wide})"
     gap = plan.evaluation.objective - plan.lower_bound
     rel = gap / max(plan.evaluation.objective, 1e-30)
-    return f"optimal: not certified (within {rel:.2%} of the exact lower bound)"
+    return f"optimal: not certified (within {rel:.2%} of the exact lower bound of {space})"
 
 
 def plan_report(plan: Plan) -> str:

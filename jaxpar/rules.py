@@ -1,8 +1,9 @@
 """Sharding rules keyed by primitive: each equation's iteration space (see `opspace`).
 
 Elementwise ops, shapes and layouts, reductions, slicing, contractions and windows are here;
-gather and the scatter family in `rules_indexing`. Unknown primitives, loops and custom calls
-run replicated (`space_of`), with one warning naming the primitive and the layer.
+gather and the scatter family in `rules_indexing`; a planned scan's carry, slice and stack in
+`rules_loops`. Unknown primitives, ``while``/``cond`` and custom calls run replicated
+(`space_of`), with one warning naming the primitive and the layer.
 
 Pure (no jax import): params are read by attribute, never constructed.
 """
@@ -13,7 +14,10 @@ import dataclasses
 import logging
 import math
 
-from . import rules_indexing  # noqa: F401 - registers gather and the scatter family
+from . import (
+    rules_indexing,  # noqa: F401 - registers gather and the scatter family
+    rules_loops,  # noqa: F401 - registers the planned scan's carry, slice and stack
+)
 from .graph import Equation, Program, layer_of
 from .opspace import (
     RULES,
@@ -44,8 +48,8 @@ def space_of(eqn: Equation, program: Program, warned: set[str] | None = None) ->
             why = (
                 "has no sharding rule"
                 if rule is None
-                else "is planned as one replicated node (loops and custom calls are not planned "
-                "inside)"
+                else "is planned as one replicated node (while loops, cond and custom calls are "
+                "not planned inside; scan is)"
             )
             log.warning(
                 "jaxpar: primitive %r (in %s) %s; it runs replicated: its operands are gathered "

@@ -32,7 +32,7 @@ from .collectives import ring_steps
 from .configs import Config, Spec, node_configs, spec_of
 from .cost import CostParams, compute_times, unary_costs
 from .graph import BACKWARD, FORWARD, UPDATE
-from .nodes import NodeGraph
+from .nodes import Node, NodeGraph
 from .reshard import SLICE, reshard_linear, reshard_path
 from .rules import DimMap
 from .search import Problem
@@ -49,12 +49,25 @@ class EdgeUse:
     src_map: DimMap  # the tensor's dims -> src node iteration dims
     dst_map: DimMap  # the layout the reader needs, in dst node iteration dims
     order: tuple[int, int] = (0, 0)  # (reading equation, operand) or (after all, result index)
+    context: int = -1  # the innermost loop enclosing producer and reader: where `apply` reshards
 
 
 def edge_uses(ng: NodeGraph, feedback: Sequence[tuple[int, int]]) -> list[EdgeUse]:
-    """Every read, plus state feedback edges (new state -> next step's input), in the order
-    `apply` serves them: equations in program order, then the step's results."""
+    """Every read, plus state feedback edges (new state -> next step's input) and each planned
+    loop's carry edges (the carry an iteration returns -> the layout the next one reads), in the
+    order `apply` serves them: equations in program order, then the step's results.
+
+    A read runs in its ``context``, the innermost loop enclosing producer and reader (`apply`
+    hoists the reshards of loop-invariant tensors out of a loop), so it is priced
+    ``program.trips(context)`` times.
+    """
+    program = ng.program
     uses = []
+
+    def use(src: int, dst: int, tensor: int, src_map, dst_map, order) -> EdgeUse:
+        context = program.common_region(ng.nodes[src].region, ng.nodes[dst].region)
+        return EdgeUse(src, dst, tensor, src_map, dst_map, order, context)
+
     for node in ng.nodes:
         for m in node.members:
             if m.eqn < 0:
@@ -65,13 +78,21 @@ def edge_uses(ng: NodeGraph, feedback: Sequence[tuple[int, int]]) -> list[EdgeUs
                     continue
                 src = ng.node_of_tensor[t]
                 src_map = ng.nodes[src].tensor_maps[t]
-                uses.append(EdgeUse(src, node.index, t, src_map, mp, (m.eqn, k)))
-    after_all = len(ng.program.eqns)
+                uses.append(use(src, node.index, t, src_map, mp, (m.eqn, k)))
+    for loop in program.regions:
+        for k, (e, out_t) in enumerate(zip(loop.carry_eqns, loop.carry_out, strict=True)):
+            in_t = program.eqns[e].outputs[0]
+            if out_t not in ng.node_of_tensor:
+                continue
+            src, dst = ng.node_of_tensor[out_t], ng.node_of_tensor[in_t]
+            src_map, dst_map = ng.nodes[src].tensor_maps[out_t], ng.nodes[dst].tensor_maps[in_t]
+            uses.append(use(src, dst, out_t, src_map, dst_map, (loop.bodies[0][1], -1 - k)))
+    after_all = len(program.eqns)
     for out_t, in_t in feedback:
         src, dst = ng.node_of_tensor[out_t], ng.node_of_tensor[in_t]
         src_map, dst_map = ng.nodes[src].tensor_maps[out_t], ng.nodes[dst].tensor_maps[in_t]
-        position = (after_all, ng.program.outvars.index(out_t))
-        uses.append(EdgeUse(src, dst, out_t, src_map, dst_map, position))
+        position = (after_all, program.outvars.index(out_t))
+        uses.append(use(src, dst, out_t, src_map, dst_map, position))
     return sorted(uses, key=lambda u: u.order)
 
 
@@ -116,7 +137,7 @@ class ReshardTables:
                 np.array([[x[1] for x in row] for row in lin]),
             )
         small = pair[0] + float(tensor.nbytes) * pair[1]
-        return small[np.ix_(si, di)]
+        return small[np.ix_(si, di)] * self.ng.program.trips(use.context)
 
 
 FACTOR_BUDGET = 2e5  # largest shared-reshard table (entries) priced exactly
@@ -185,7 +206,8 @@ class SharedReshards:
     def table(self, reads: Sequence[EdgeUse]) -> tuple[tuple[int, ...], np.ndarray] | None:
         """(nodes, table over their configurations), or None when it would exceed the budgets.
 
-        ``reads``: the distinct reads of one tensor (same producer; readers may share a node).
+        ``reads``: the distinct reads of one tensor in one context (same producer; readers may
+        share a node).
         """
         configs = self.reshards.configs
         nodes = tuple(sorted({reads[0].src, *(r.dst for r in reads)}))
@@ -196,8 +218,9 @@ class SharedReshards:
         if len(src_specs) * math.prod(len(d[0]) for d in dsts) > PATTERN_BUDGET:
             return None
         fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts])
-        tensor = self.reshards.ng.program.tensors[reads[0].tensor]
-        small = fixed + float(tensor.nbytes) * per_byte
+        program = self.reshards.ng.program
+        tensor = program.tensors[reads[0].tensor]
+        small = (fixed + float(tensor.nbytes) * per_byte) * program.trips(reads[0].context)
         # index grids over the nodes' configurations, one axis per node
         axes = [[-1 if k == i else 1 for k in range(len(nodes))] for i in range(len(nodes))]
         grid = {v: np.arange(len(configs[v])).reshape(axes[i]) for i, v in enumerate(nodes)}
@@ -214,7 +237,7 @@ class CostTables:
     """Stage result: every node's configurations and prices, and the two search problems."""
 
     configs: tuple[list[Config], ...]  # per node
-    compute: tuple[np.ndarray, ...]  # per node, t_C of each configuration
+    compute: tuple[np.ndarray, ...]  # per node, t_C of each configuration (all its iterations)
     uses: tuple[EdgeUse, ...]
     problem: Problem  # the reported cost, or an upper bound of it where tables fell back
     bound: Problem  # the reported cost, or a lower bound of it where tables fell back
@@ -227,6 +250,16 @@ class CostTables:
 
 
 Tick = Callable[[str], None]  # progress inside long loops
+
+
+def node_tables(
+    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams
+) -> tuple[np.ndarray, np.ndarray]:
+    """(t_C, unary price) of every configuration over one step: a loop body's node runs
+    ``program.trips(node.region)`` times."""
+    trips = ng.program.trips(node.region)
+    once = compute_times(ng, node, cfgs, params)
+    return once * trips, unary_costs(ng, node, cfgs, params, once) * trips
 
 
 def build_tables(
@@ -244,8 +277,9 @@ def build_tables(
     for node in ng.nodes:
         cfgs = [pinned[node.index]] if node.index in pinned else node_configs(ng, node, sizes, comm)
         configs.append(cfgs)
-        compute.append(compute_times(ng, node, cfgs, params))
-        unary.append(unary_costs(ng, node, cfgs, params, compute[-1]))
+        node_compute, node_unary = node_tables(ng, node, cfgs, params)
+        compute.append(node_compute)
+        unary.append(node_unary)
         tick(f"compute/sync tables of {len(unary)}/{len(ng.nodes)} nodes")
     uses = edge_uses(ng, feedback)
     blocks = phase_blocks(ng)
@@ -307,11 +341,13 @@ def phase_blocks(ng: NodeGraph) -> list[list[int]]:
 
 
 def reads_by_tensor(ng: NodeGraph, uses: Sequence[EdgeUse]) -> list[list[EdgeUse]]:
-    """The distinct reads of each priced tensor (an identical read shares every step)."""
-    groups: dict[int, dict[tuple, EdgeUse]] = {}
+    """The distinct reads of each priced tensor per context (an identical read shares every
+    step; reads in different loop contexts share none, as `apply` emits them apart)."""
+    groups: dict[tuple[int, int], dict[tuple, EdgeUse]] = {}
     for use in uses:
         tensor = ng.program.tensors[use.tensor]
         if tensor.opaque or not tensor.shape or not tensor.nbytes:
             continue
-        groups.setdefault(use.tensor, {}).setdefault((use.dst, use.dst_map), use)
+        key = (use.tensor, use.context)
+        groups.setdefault(key, {}).setdefault((use.dst, use.dst_map), use)
     return [list(g.values()) for g in groups.values()]

@@ -1,8 +1,13 @@
 """Trace a user function to a flat `Program`: one jaxpr, nested calls inlined.
 
 Calls (jit/pjit, closed_call, custom_jvp_call, custom_vjp_call, checkpoint/remat) are inlined so
-the planner sees every equation. Control flow (scan, while, cond) stays one equation; the rules
-plan it as one replicated node (see `rules.py`).
+the planner sees every equation. A ``scan`` (``lax.scan``, ``nn.scan``, ``nnx.scan``, a
+``fori_loop`` with static bounds) has its body inlined once, between the `graph.SCAN_CARRY` /
+`graph.SCAN_SLICE` equations that bring in the carry and the per-iteration slices and the
+`graph.SCAN_STACK` equations that stack the ys, and is recorded as a `graph.Region`: the planner
+plans the body once and prices it per iteration. A ``cond`` has every branch inlined, each
+result merged by a `graph.COND_MERGE` equation into one layout. ``while`` (a trip count known only
+at run time) stays one equation, planned as one replicated node (see `rules.py`).
 
 Non-array leaves of the arguments (Python scalars, strings, None) are static: they are part of the
 signature and are closed over, exactly as `jax.jit(static_argnums=...)` would treat them.
@@ -19,7 +24,18 @@ import numpy as np
 from jax import tree_util
 from jax.extend import core as jex_core
 
-from .graph import Equation, Program, Tensor
+from .graph import (
+    COND,
+    COND_MERGE,
+    SCAN,
+    SCAN_CARRY,
+    SCAN_SLICE,
+    SCAN_STACK,
+    Equation,
+    Program,
+    Region,
+    Tensor,
+)
 
 # Primitives whose body is inlined; the param that holds the body differs between them.
 _INLINE_PARAMS = {
@@ -114,6 +130,8 @@ class _Flattener:
         self.tensors: list[Tensor] = []
         self.eqns: list[Equation] = []
         self.consts: dict[int, Any] = {}
+        self.regions: list[Region] = []
+        self.region = -1  # the region whose body is being walked
 
     def new_tensor(self, aval: Any) -> int:
         dtype, itemsize = _dtype_info(aval)
@@ -130,6 +148,9 @@ class _Flattener:
             name = eqn.primitive.name
             stack = str(eqn.source_info.name_stack)
             stack = f"{prefix}/{stack}" if prefix and stack else (prefix or stack)
+            if name in ("scan", "cond"):
+                getattr(self, name)(eqn, env, stack)
+                continue
             body_key = _INLINE_PARAMS.get(name)
             if body_key and body_key in eqn.params:
                 if (
@@ -150,18 +171,104 @@ class _Flattener:
                 if not isinstance(v, jex_core.DropVar):
                     env[v] = tid
                 outs.append(tid)
-            self.eqns.append(
-                Equation(
-                    index=len(self.eqns),
-                    primitive=name,
-                    params=dict(eqn.params),
-                    inputs=tuple(ins),
-                    literals=tuple(lits),
-                    outputs=tuple(outs),
-                    name_stack=stack,
-                    bind=eqn.primitive,
-                )
+            self.add(name, dict(eqn.params), ins, lits, outs, stack, eqn.primitive)
+
+    def add(self, primitive, params, ins, lits, outs, stack: str, bind: Any = None) -> None:
+        self.eqns.append(
+            Equation(
+                index=len(self.eqns), primitive=primitive, params=params, inputs=tuple(ins),
+                literals=tuple(lits), outputs=tuple(outs), name_stack=stack, bind=bind,
+                region=self.region,
             )
+        )  # fmt: skip
+
+    def const_tensor(self, aval: Any, value: Any) -> int:
+        tid = self.new_tensor(aval)
+        self.consts[tid] = value
+        return tid
+
+    def enter(self) -> tuple[int, int]:
+        """Open a region: (its index, its parent); equations added now belong to it."""
+        index = len(self.regions)
+        self.regions.append(None)  # type: ignore[arg-type]  # filled in when it closes
+        parent, self.region = self.region, index
+        return index, parent
+
+    def body(self, closed: Any, inner_env: dict, stack: str) -> tuple[tuple[int, int], list[int]]:
+        """Walk one body: ([start, stop) of its equations, its result tensors)."""
+        inner = closed.jaxpr
+        for cv, c in zip(inner.constvars, closed.consts, strict=True):
+            inner_env[cv] = self.const_tensor(cv.aval, c)
+        start = len(self.eqns)
+        self.walk(inner, inner_env, stack)
+        results = []
+        for ov in inner.outvars:
+            tid, lit = self.read(inner_env, ov)
+            results.append(self.const_tensor(ov.aval, lit) if tid is None else tid)
+        return (start, len(self.eqns)), results
+
+    def operand(self, env: dict, atom: Any, aval: Any) -> int:
+        """A loop-invariant operand, read by the body as the outer tensor."""
+        tid, lit = self.read(env, atom)
+        return self.const_tensor(aval, lit) if tid is None else tid
+
+    def scan(self, eqn: Any, env: dict, stack: str) -> None:
+        """Inline a scan's body once as a `Region` (see the module docstring)."""
+        p = eqn.params
+        closed, n_consts, n_carry = p["jaxpr"], p["num_consts"], p["num_carry"]
+        invars, operands = closed.jaxpr.invars, list(eqn.invars)
+        first = len(self.eqns)
+        index, parent = self.enter()
+        inner_env = {
+            iv: self.operand(env, atom, iv.aval)
+            for iv, atom in zip(invars[:n_consts], operands[:n_consts], strict=True)
+        }
+        for k, (iv, atom) in enumerate(zip(invars[n_consts:], operands[n_consts:], strict=True)):
+            tid, lit = self.read(env, atom)
+            inner_env[iv] = self.new_tensor(iv.aval)
+            prim = SCAN_CARRY if k < n_carry else SCAN_SLICE
+            self.add(prim, {}, [tid], [lit], [inner_env[iv]], stack)
+        span, results = self.body(closed, inner_env, stack)
+        for outer, tid in zip(eqn.outvars[:n_carry], results[:n_carry], strict=True):
+            if not isinstance(outer, jex_core.DropVar):
+                env[outer] = tid
+        for outer, tid in zip(eqn.outvars[n_carry:], results[n_carry:], strict=True):
+            out = self.new_tensor(outer.aval)
+            self.add(SCAN_STACK, {}, [tid], [None], [out], stack)
+            if not isinstance(outer, jex_core.DropVar):
+                env[outer] = out
+        self.regions[index] = Region(
+            index=index, kind=SCAN, parent=parent, trips=int(p["length"]), first=first,
+            bodies=(span,), end=len(self.eqns), carry_out=tuple(results[:n_carry]),
+            reverse=bool(p["reverse"]), unroll=p.get("unroll", 1),
+        )  # fmt: skip
+        self.region = parent
+
+    def cond(self, eqn: Any, env: dict, stack: str) -> None:
+        """Inline every branch of a cond as a `Region`; its results merge in one layout."""
+        branch_index, literal = self.read(env, eqn.invars[0])
+        operands = list(eqn.invars[1:])
+        first = len(self.eqns)
+        index, parent = self.enter()
+        spans, results = [], []
+        for closed in eqn.params["branches"]:
+            inner_env = {
+                iv: self.operand(env, atom, iv.aval)
+                for iv, atom in zip(closed.jaxpr.invars, operands, strict=True)
+            }
+            span, outs = self.body(closed, inner_env, stack)
+            spans.append(span)
+            results.append(outs)
+        for k, outer in enumerate(eqn.outvars):
+            out = self.new_tensor(outer.aval)
+            self.add(COND_MERGE, {}, [r[k] for r in results], [None] * len(results), [out], stack)
+            if not isinstance(outer, jex_core.DropVar):
+                env[outer] = out
+        self.regions[index] = Region(
+            index=index, kind=COND, parent=parent, trips=1, first=first, bodies=tuple(spans),
+            end=len(self.eqns), branch_index=branch_index, branch_literal=literal,
+        )  # fmt: skip
+        self.region = parent
 
     def barrier(self, eqn: Any, env: dict, stack: str) -> dict:  # operand var -> barrier output
         """An `optimization_barrier` on each array operand of a rematerialized call, as jax
@@ -176,13 +283,8 @@ class _Flattener:
             if self.tensors[src].opaque:
                 continue
             out = self.new_tensor(atom.aval)
-            self.eqns.append(
-                Equation(
-                    index=len(self.eqns), primitive="optimization_barrier", params={},
-                    inputs=(src,), literals=(None,), outputs=(out,),
-                    name_stack=f"{stack}/remat_barrier" if stack else "remat_barrier", bind=prim,
-                )
-            )  # fmt: skip
+            where = f"{stack}/remat_barrier" if stack else "remat_barrier"
+            self.add("optimization_barrier", {}, [src], [None], [out], where, prim)
             over[atom] = out
         return over
 
@@ -269,5 +371,6 @@ def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
         consts=flat.consts,
         invar_paths=paths,
         outvar_paths=out_paths,
+        regions=flat.regions,
     )
     return program, out_tree

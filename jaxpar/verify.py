@@ -13,8 +13,10 @@ Ring accounting, for one collective over a group of n devices (S = per-device bu
 * all-to-all:          (n-1)/n * S         (S = result bytes, tuple elements summed)
 * collective-permute:  S * (fraction of devices whose source differs from their target)
 
-A group of one device sends nothing. Instructions are counted statically: a collective inside a
-while body is listed once however many times the loop runs.
+A group of one device sends nothing. A collective inside a ``while`` body runs once per
+iteration: `HloCollective.count` is the product of the known trip counts
+(``backend_config={"known_trip_count":{"n":"4"}}``) of the loops around it, and byte totals
+(`collective_summary`, `fidelity`) count every run.
 
 Formats handled (as printed by jax 0.10 / XLA with the Shardy partitioner):
 
@@ -67,6 +69,12 @@ class HloCollective:
     shape: str  # result shape without layouts, e.g. "f32[8,64]" or "(f32[1,4], f32[1,4])"
     op_name: str  # metadata op_name, "" when absent
     line: str  # the raw HLO instruction (stripped; continuation lines joined)
+    count: int = 1  # runs per execution of the module (known trip counts of enclosing loops)
+
+    @property
+    def total_bytes(self) -> float:
+        """Bytes each device sends over all runs."""
+        return self.bytes_per_device * self.count
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,6 +286,52 @@ def _instructions(hlo_text: str) -> Iterator[_Instruction]:
                 yield instruction
 
 
+_ENTRY_RE = re.compile(r"^ENTRY\s+%?(?P<name>[^\s(){}]+)")
+_CALLEE_RE = re.compile(
+    r"\b(?P<key>calls|to_apply|condition|body|true_computation|false_computation)="
+    r"%?(?P<name>[^\s,{}()]+)"
+)
+_BRANCHES_RE = re.compile(r"\bbranch_computations=\{(?P<names>[^}]*)\}")
+_TRIP_COUNT_RE = re.compile(r'"known_trip_count":\{"n":"(?P<n>\d+)"\}')
+
+
+def computation_runs(hlo_text: str) -> dict[str, int]:
+    """Computation name -> how many times one execution of the module runs it: 1 for the entry,
+    a while body its caller's runs times the loop's known trip count (1 when unknown), any
+    other callee its caller's runs, summed over call sites."""
+    callers: dict[str, list[tuple[str, int]]] = {}
+    entry, computation = "", ""
+    for line in _logical_lines(hlo_text):
+        if line.startswith("}"):
+            computation = ""
+            continue
+        if _INSTR_RE.match(line) is None:
+            if line.endswith("{"):
+                header = _HEADER_RE.match(line)
+                computation = header.group("name") if header else ""
+                if (m := _ENTRY_RE.match(line)) is not None:
+                    entry = m.group("name")
+            continue
+        unquoted = _QUOTED_RE.sub("", line)
+        trips = _TRIP_COUNT_RE.search(line)
+        for m in _CALLEE_RE.finditer(unquoted):
+            factor = int(trips.group("n")) if trips and m.group("key") == "body" else 1
+            callers.setdefault(m.group("name"), []).append((computation, factor))
+        for m in _BRANCHES_RE.finditer(unquoted):
+            for name in m.group("names").split(","):
+                callers.setdefault(name.strip().lstrip("%"), []).append((computation, 1))
+    runs: dict[str, int] = {}
+
+    def count(name: str, depth: int = 0) -> int:
+        if name == entry or name not in callers or depth > 64:
+            return 1
+        if name not in runs:
+            runs[name] = sum(count(c, depth + 1) * f for c, f in callers[name])
+        return runs[name]
+
+    return {name: count(name) for name in callers} | {entry: 1}
+
+
 def _collective_kind(opcode: str) -> tuple[str, bool] | None:
     """(kind, is_async_start) for a collective opcode; None for anything else (incl. -done)."""
     if opcode in COLLECTIVE_KINDS:
@@ -476,23 +530,26 @@ def parse_collectives(hlo_text: str, num_devices: int) -> list[HloCollective]:
     """
     instructions = list(_instructions(hlo_text))
     skipped = _sugared_async_bodies(instructions)
+    runs = computation_runs(hlo_text) if "known_trip_count" in hlo_text else {}
     collectives = []
     for instruction in instructions:
         if instruction.computation in skipped:
             continue
         collective = _to_collective(instruction, num_devices)
         if collective is not None:
-            collectives.append(collective)
+            count = runs.get(instruction.computation, 1)
+            collectives.append(dataclasses.replace(collective, count=count))
     return collectives
 
 
 def collective_summary(colls: list[HloCollective]) -> dict[str, dict]:
-    """kind -> {"count": int, "bytes_per_device": float}, for the kinds present, sorted."""
+    """kind -> {"count": int, "bytes_per_device": float} over every run, for the kinds present,
+    sorted."""
     summary: dict[str, dict] = {}
     for coll in sorted(colls, key=lambda c: c.kind):
         entry = summary.setdefault(coll.kind, {"count": 0, "bytes_per_device": 0.0})
-        entry["count"] += 1
-        entry["bytes_per_device"] += coll.bytes_per_device
+        entry["count"] += coll.count
+        entry["bytes_per_device"] += coll.total_bytes
     return summary
 
 
@@ -555,11 +612,12 @@ def fidelity(predicted: list, compiled) -> Fidelity:
         for c in predicted
     ]
     hlo_lines = [
-        f"  {h.kind:<18} {h.bytes_per_device:>12.0f} B  n={h.group_size} {h.shape} {h.op_name}"
+        f"  {h.kind:<18} {h.total_bytes:>12.0f} B  n={h.group_size} {h.shape} {h.op_name}"
+        + (f" (x{h.count})" if h.count > 1 else "")
         for h in hlo
     ]
     pb = sum(c.bytes for c in predicted)
-    hb = sum(h.bytes_per_device for h in hlo)
+    hb = sum(h.total_bytes for h in hlo)
     text = "\n".join(
         [
             f"predicted ({len(predicted)}, {pb:.0f} B/device):",

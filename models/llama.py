@@ -38,6 +38,7 @@ overrides both (e.g. 256 x 4096 for benchmarks).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -84,11 +85,13 @@ class RMSNorm(nn.Module):
         return (x * scale.astype(acc)).astype(self.dtype)
 
 
+@functools.lru_cache(maxsize=16)
 def rope_tables(length: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
     """``(cos, sin)`` of shape ``[length, head_dim]`` for the rotate-half RoPE pairing.
 
     Dimension ``i`` and ``i + head_dim / 2`` rotate together by ``pos * theta**(-2i/head_dim)``.
-    Computed in NumPy float64 at trace time, so the program holds them as constants.
+    Computed in NumPy float64 at trace time, so the program holds them as constants (cached:
+    every layer of every trace asks for the same tables; treat them as read-only).
     """
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]

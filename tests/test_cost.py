@@ -69,12 +69,12 @@ def test_reshape_maps_major_dims():
 
 
 PURE_CORE = (
-    "graph", "opspace", "rules", "rules_indexing", "nodes", "labels", "configs", "collectives",
-    "reshard", "cost", "tables",
+    "graph", "opspace", "rules", "rules_indexing", "rules_loops", "nodes", "labels", "configs",
+    "collectives", "reshard", "cost", "tables", "blocks",
     "search", "kcut", "baselines", "evaluate", "memory", "budget", "verify", "hardware",
     "hardware.devices",
     "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
-    "hardware.speeds",
+    "hardware.speeds", "hardware.calibration",
 )  # fmt: skip
 
 

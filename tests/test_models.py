@@ -67,7 +67,8 @@ def test_names_registered():
     )
     assert models.EXTRA == ("cnn", "mlp", "gpt_small", "nnx_mlp")
     assert len(set(ALL)) == len(ALL)
-    assert set(models.registered_names()) == set(ALL + models.LARGE + models.LARGE_EXTRA)
+    registered = set(models.registered_names())
+    assert registered == set(ALL + models.LARGE + models.LARGE_EXTRA + models.SCANNED)
 
 
 @pytest.mark.api

@@ -43,7 +43,7 @@ def test_saved_plan_applies_like_a_fresh_one(name, tmp_path):
     fresh_lowered = fresh.lower(*ex.args)
     fresh.plan.save(tmp_path / "plan.json")
     data = json.loads((tmp_path / "plan.json").read_text())  # plain JSON
-    assert data["schema"] == "jaxpar.planfile/1" and data["mesh"]["axes"] == ["data", "model"]
+    assert data["schema"] == "jaxpar.planfile/2" and data["mesh"]["axes"] == ["data", "model"]
     loaded = load_plan(tmp_path / "plan.json")
     applied = jaxpar.auto_shard(ex.step, mesh=mesh, cluster="p100", plan=loaded)
     lowered = applied.lower(*ex.args)
@@ -143,7 +143,7 @@ def _mutants(text, rng):
     yield b'{"a":' * 50_000
     yield b"1" * 10_000
     yield b"1e999"
-    yield raw.replace(b'"schema": "jaxpar.planfile/1"', b'"schema": "jaxpar.planfile/2"')
+    yield raw.replace(b'"schema": "jaxpar.planfile/2"', b'"schema": "jaxpar.planfile/3"')
     data = json.loads(text)
     paths = [p for p, _ in _paths(data) if p]
     bad_values = [None, True, "x", 1.5, -1, 2**70, 10**400, [], {}, [[["deep"]]], "é" * 70_000]
@@ -183,8 +183,8 @@ def test_corrupted_files_raise_only_plan_file_error(mlp_file):
             failures += 1
             assert str(err).startswith("plan file")
     assert failures >= total * 0.9  # nearly every mutant is refused; the rest are valid files
-    with pytest.raises(PlanFileError, match=r"planfile/2.*not supported"):
-        loads(text.replace("jaxpar.planfile/1", "jaxpar.planfile/2"))
+    with pytest.raises(PlanFileError, match=r"planfile/3.*not supported"):
+        loads(text.replace("jaxpar.planfile/2", "jaxpar.planfile/3"))
     with pytest.raises(PlanFileError, match="mesh axis 'nonexistent' does not exist"):
         d = json.loads(text)
         arg = next(a for a in d["arguments"] if a["spec"])

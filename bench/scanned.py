@@ -1,0 +1,189 @@
+"""Scanned layers and repeated blocks (issue 10): planning time and plan cost.
+
+(a) Scanned vs unrolled: the zoo's GPT-2-wide decoder (d 768, 12 heads, 8 x 1024 tokens, AdamW)
+    with its blocks under linen ``nn.scan`` (``gpt_scan_linen``) and unrolled
+    (``gpt_unrolled_linen``, same shapes and math) at 4, 12 and 64 layers on 64 H100s
+    (node=8, gpu=8): predicted step time of the auto plan and of data parallelism, planning wall
+    time. The scanned plan's time should be flat in depth.
+(b) Llama-3 planning wall time, scanned (``llama_config(scan_layers=True)``) and unrolled, on
+    dgx-h100 meshes with 2, 3 and 4 axes, and llama3_70b on 1,024 devices.
+(c) Inception-v3 and GPT-2 124M on a 4x4 mesh (p100), unrolled as in the zoo.
+
+Everything is abstract (nothing allocated); wall time on this machine, one process.
+
+    python bench/scanned.py --json bench/results/scanned.json --md bench/results/scanned.md
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import jax
+
+import jaxpar
+import models
+from models.llama import llama_config, llama_example
+from models.scanned import scanned_config, scanned_example
+
+DEPTHS = [4, 12, 64]
+GPT_MESH = {"node": 8, "gpu": 8}
+LLAMA_CASES = [
+    ("llama3_8b", {"node": 8, "gpu": 8}),
+    ("llama3_8b", {"node": 8, "nvl": 2, "gpu": 4}),
+    ("llama3_8b", {"pod": 2, "node": 4, "nvl": 2, "gpu": 4}),
+    ("llama3_70b", {"node": 8, "gpu": 8}),
+    ("llama3_70b", {"node": 128, "gpu": 8}),
+]
+ZOO_CASES = [("inception_v3", {"a": 4, "b": 4}), ("gpt2_124m", {"a": 4, "b": 4})]
+
+
+def plan_row(ex, mesh: dict, cluster: str) -> dict:
+    t0 = time.perf_counter()
+    plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster)
+    wall = time.perf_counter() - t0
+    s = plan.stats
+    return {
+        "mesh": mesh,
+        "equations": s["equations"],
+        "nodes": s["nodes"],
+        "regions": len(plan.program.regions),
+        "tied_nodes": s.get("tied_nodes", 0),
+        "trace_s": s["trace_s"],
+        "graph_s": s["graph_s"],
+        "cost_s": s["cost_s"],
+        "search_s": s["search_s"],
+        "wall_s": wall,
+        "optimal": plan.optimal,
+        "step_s": plan.cost.step_s,
+        "data_step_s": plan.baselines["data"].step_s,
+        "peak_gb": plan.memory.peak / 1e9,
+        "fits": bool(plan.memory.fits),
+    }
+
+
+def show(key: str, r: dict) -> None:
+    print(
+        f"{key:<44} nodes {r['nodes']:6d} trace {r['trace_s']:6.2f} costs {r['cost_s']:6.2f} "
+        f"search {r['search_s']:6.2f} wall {r['wall_s']:6.2f} s step {r['step_s'] * 1e3:9.3f} ms "
+        f"(data {r['data_step_s'] * 1e3:9.3f})",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--md", default=None)
+    parser.add_argument("--parts", default="abc")
+    args = parser.parse_args()
+    out: dict = {"command": "python bench/scanned.py " + " ".join(sys.argv[1:])}
+    out["jax"] = jax.__version__
+    if "a" in args.parts:
+        out["depth"] = []
+        for layers in DEPTHS:
+            for name in ("gpt_scan_linen", "gpt_unrolled_linen"):
+                ex = scanned_example(name, scanned_config(name, layers=layers))
+                r = plan_row(ex, GPT_MESH, "dgx-h100")
+                r.update(model=name, layers=layers)
+                out["depth"].append(r)
+                show(f"{name} {layers} layers", r)
+    if "b" in args.parts:
+        out["llama"] = []
+        for name, mesh in LLAMA_CASES:
+            for scan in (True, False):
+                ex = llama_example(name, llama_config(name, remat=True, scan_layers=scan))
+                r = plan_row(ex, mesh, "dgx-h100")
+                r.update(model=name, scanned=scan)
+                out["llama"].append(r)
+                show(f"{name} {'scan' if scan else 'unrolled'} {mesh}", r)
+    if "c" in args.parts:
+        out["zoo"] = []
+        for name, mesh in ZOO_CASES:
+            r = plan_row(models.get(name), mesh, "p100")
+            r.update(model=name)
+            out["zoo"].append(r)
+            show(f"{name} {mesh}", r)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(out))
+
+
+def _mesh(m: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in m.items())
+
+
+def markdown(res: dict) -> str:
+    out = ["# Scanned layers and repeated blocks", "", f"`{res['command']}` — jax {res['jax']}"]
+    out += ["", "Planning wall time on this 2-core machine; step times predicted (dgx-h100).", ""]
+    if "depth" in res:
+        out += [
+            "## Scanned vs unrolled GPT-2-wide decoder, 64 H100s (node=8, gpu=8)",
+            "",
+            "| layers | model | nodes | tied | plan s | auto step ms | data step ms | optimal |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in res["depth"]:
+            out.append(
+                f"| {r['layers']} | {r['model']} | {r['nodes']} | {r['tied_nodes']} | "
+                f"{r['wall_s']:.2f} | {r['step_s'] * 1e3:.3f} | {r['data_step_s'] * 1e3:.3f} | "
+                f"{'yes' if r['optimal'] else 'no'} |"
+            )
+        scan = {r["layers"]: r for r in res["depth"] if r["model"] == "gpt_scan_linen"}
+        unrolled = {r["layers"]: r for r in res["depth"] if r["model"] != "gpt_scan_linen"}
+        lo, hi = min(scan), max(scan)
+        out += [
+            "",
+            f"Scanned planning time, {hi} vs {lo} layers: "
+            f"{scan[hi]['wall_s'] / scan[lo]['wall_s']:.2f}x. Auto step, scanned / unrolled: "
+            + ", ".join(
+                f"{n} layers {scan[n]['step_s'] / unrolled[n]['step_s']:.3f}" for n in sorted(scan)
+            )
+            + "; data parallel, scanned / unrolled: "
+            + ", ".join(
+                f"{n} layers {scan[n]['data_step_s'] / unrolled[n]['data_step_s']:.3f}"
+                for n in sorted(scan)
+            )
+            + ".",
+        ]
+    if "llama" in res:
+        out += [
+            "",
+            "## Llama-3 (per-block remat, 8 x 4096 tokens), dgx-h100",
+            "",
+            "| model | layers | mesh | nodes | trace s | costs s | search s | plan s | step s "
+            "| peak GB | fits |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in res["llama"]:
+            out.append(
+                f"| {r['model']} | {'scanned' if r['scanned'] else 'unrolled'} | "
+                f"{_mesh(r['mesh'])} | {r['nodes']} | {r['trace_s']:.2f} | {r['cost_s']:.2f} | "
+                f"{r['search_s']:.2f} | **{r['wall_s']:.2f}** | {r['step_s']:.3f} | "
+                f"{r['peak_gb']:.1f} | {'yes' if r['fits'] else 'no'} |"
+            )
+    if "zoo" in res:
+        out += [
+            "",
+            "## Zoo models on 4x4 (p100)",
+            "",
+            "| model | nodes | tied | trace s | costs s | search s | plan s | optimal |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in res["zoo"]:
+            out.append(
+                f"| {r['model']} | {r['nodes']} | {r['tied_nodes']} | {r['trace_s']:.2f} | "
+                f"{r['cost_s']:.2f} | {r['search_s']:.2f} | **{r['wall_s']:.2f}** | "
+                f"{'yes' if r['optimal'] else 'no'} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()
