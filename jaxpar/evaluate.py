@@ -16,12 +16,14 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from .collectives import ALL_REDUCE
+from .collectives import ALL_REDUCE, transfer_time
+from .combine import COMBINERS, AllReduceItem, Combiner, group_all_reduces, item_dependencies
 from .configs import spec_of, split_axes
 from .cost import CostParams, node_collectives, node_dtype, node_price
 from .graph import BACKWARD, shape_str
 from .hardware.speeds import MeshSpeeds
 from .nodes import Node, NodeGraph
+from .overlap import Timeline
 from .reshard import SLICE, reshard_path, step_time
 from .tables import CostTables
 
@@ -40,6 +42,7 @@ class Collective:
     phase: str
     layer: str
     count: int = 1  # runs per step: the trip counts of the loops it runs in
+    group: int = -1  # all-reduces: its combined all-reduce (`combine`); -1 for other kinds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +60,11 @@ class PlanCost:
     # so step_s is what XLA runs and ratio_step_s what uneven partitioning would give.
     ratio_step_s: float = math.nan  # t_C with ratios + the same t_X + t_S
     ratio_compute_s: float = math.nan  # Σ t_C with ratios (= compute_s on homogeneous meshes)
+    # XLA's combiner merges independent all-reduces (`combine`): latency once per combined one
+    combined_step_s: float = math.nan  # step_s with all-reduce latency per combined group
+    combined_all_reduces: int = 0  # all-reduces per step after combining (runs counted)
+    # compute and communication on two streams (`overlap`); ≤ combined_step_s ≤ step_s
+    overlapped_step_s: float = math.nan
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -94,6 +102,7 @@ class EvalContext:
     labels: Sequence[str]
     feedback: frozenset[int]  # state results that become the next step's arguments
     speeds: MeshSpeeds | None = None
+    combiner: Combiner = COMBINERS["gpu"]  # the target backend's all-reduce combiner
 
 
 def _tensor_name(ng: NodeGraph, tid: int) -> str:
@@ -112,6 +121,8 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     ng, tables, mesh = ctx.ng, ctx.tables, ctx.params.mesh
     rows = [dict(t_C=0.0, t_C_ratio=0.0, t_X=0.0, t_S=0.0, bytes=0.0) for _ in ng.nodes]
     colls: list[Collective] = []
+    items: list[tuple[int, AllReduceItem, float]] = []  # (collective, item, latency per run)
+    own_of: list[list[int]] = [[] for _ in ng.nodes]  # per node, its own collectives
     objective = 0.0
     for node in ng.nodes:
         v, a = node.index, assignment[node.index]
@@ -135,6 +146,13 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             row[term] += c.time_s * trips
             row["bytes"] += c.nbytes * trips
             axes = tuple(mesh.names[x] for x in c.axes)
+            if c.kind == ALL_REDUCE:
+                n, bw, lat = mesh.group(c.axes)
+                key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
+                buffer = c.nbytes * n / (2 * (n - 1))  # ring bytes 2(n-1)/n · buffer
+                item = AllReduceItem(node.anchor, (*key, node.region), buffer)
+                items.append((len(colls), item, transfer_time(ALL_REDUCE, 0.0, n, bw, lat)))
+            own_of[v].append(len(colls))
             colls.append(
                 Collective(
                     c.kind, axes, c.group_size, c.nbytes * trips, c.time_s * trips, tensor,
@@ -143,7 +161,9 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             )  # fmt: skip
     # (tensor, context, before, after): each reshard step is emitted once per loop context
     produced: set[tuple] = set()
+    paths: list[list[tuple[tuple, float]]] = []  # per use, its steps: (key, seconds per step)
     for use in tables.uses:
+        paths.append([])
         tensor = ng.program.tensors[use.tensor]
         if tensor.opaque or not tensor.shape or not tensor.nbytes:
             continue
@@ -153,6 +173,8 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
         trips = ng.program.trips(use.context)
         for step in reshard_path(tensor.nbytes, src, dst, mesh.sizes):
             key = (use.tensor, use.context, step.before, step.after)
+            if step.kind != SLICE:
+                paths[-1].append((key, step_time(step, mesh) * trips))
             if step.kind == SLICE or key in produced:
                 continue
             produced.add(key)
@@ -168,7 +190,75 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
                     ng.nodes[use.dst].phase, ctx.labels[use.dst], trips,
                 )
             )  # fmt: skip
-    return Evaluation(_plan_cost(rows), tuple(colls), tuple(NodeRow(**r) for r in rows), objective)
+    riding = _combine(ctx, colls, items)
+    saved = sum(riding.values())
+    plain = _plan_cost(rows)
+    overlapped = _timeline(ctx, rows, colls, own_of, riding, paths).makespan()
+    cost = dataclasses.replace(
+        plain,
+        combined_all_reduces=sum(
+            c.count for k, c in enumerate(colls) if c.group >= 0 and k not in riding
+        ),
+        combined_step_s=plain.step_s - saved, overlapped_step_s=overlapped,
+    )  # fmt: skip
+    return Evaluation(cost, tuple(colls), tuple(NodeRow(**r) for r in rows), objective)
+
+
+def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, float]:
+    """Group the all-reduces as the combiner does (`combine`) and tag each with its group.
+    Returns, per collective that rides on an earlier member of its group, the latency it no
+    longer pays (per step)."""
+    if not items:
+        return {}
+    program = ctx.ng.program
+    just = [it for _, it, _ in items]
+    groups = group_all_reduces(just, item_dependencies(program, just), ctx.combiner)
+    riding, seen = {}, set()
+    for (k, _, latency), g in zip(items, groups, strict=True):
+        if g in seen:
+            riding[k] = latency * colls[k].count
+        seen.add(g)
+        colls[k] = dataclasses.replace(colls[k], group=g)
+    return riding
+
+
+def _timeline(ctx, rows, colls, own_of, riding, paths) -> Timeline:
+    """The step on a compute and a communication stream (`overlap`): nodes in program order,
+    each after the reshards it reads through; deferred reads (the state into the next step's
+    layout, a scan's carry) at the end."""
+    ng, uses = ctx.ng, ctx.tables.uses
+    line = Timeline()
+    # an argument's node is ready at the start; the optimizer updates that joined it run where
+    # its last member does
+    position = [max((m.eqn for m in n.members), default=-1) if n.anchor < 0 else n.anchor
+                for n in ng.nodes]  # fmt: skip
+    order = sorted(range(len(ng.nodes)), key=lambda v: position[v])
+    place = {v: i for i, v in enumerate(order)}
+    into: dict[int, list[int]] = {}
+    deferred = []
+    for u, use in enumerate(uses):
+        if use.src != use.dst and place[use.src] < place[use.dst]:
+            into.setdefault(use.dst, []).append(u)
+        elif use.src != use.dst:
+            deferred.append(u)
+
+    def read(u: int) -> int | None:
+        last = None
+        for key, seconds in paths[u]:
+            last = line.reshard(key, uses[u].src, last, seconds)
+        return last if last is not None else line.ready.get(uses[u].src)
+
+    for v in order:
+        if position[v] < 0:
+            continue  # an argument read as it is: ready at the start
+        reads = [read(u) for u in into.get(v, ())]
+        times = [(colls[k].kind, colls[k].time_s - riding.get(k, 0.0)) for k in own_of[v]]
+        before = [t for kind, t in times if kind != ALL_REDUCE]
+        after = [t for kind, t in times if kind == ALL_REDUCE]
+        line.node(v, rows[v]["t_C"], reads, before, after)
+    for u in deferred:
+        read(u)
+    return line
 
 
 def _plan_cost(rows: list[dict]) -> PlanCost:

@@ -66,7 +66,7 @@ _FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
 _COST_FIELDS = tuple(f.name for f in dataclasses.fields(PlanCost))
 _COLLECTIVE_FIELDS = {
     "kind": str, "axes": list, "group_size": int, "bytes": float, "time_s": float,
-    "tensor": str, "reason": str, "phase": str, "layer": str, "count": int,
+    "tensor": str, "reason": str, "phase": str, "layer": str, "count": int, "group": int,
 }  # fmt: skip
 
 
@@ -446,6 +446,9 @@ def _parse_predicted(v: Any, names: tuple[str, ...]) -> None:
         where = f"predicted.collectives[{i}]"
         c = _obj(c, where, tuple(_COLLECTIVE_FIELDS))
         for k, kind in _COLLECTIVE_FIELDS.items():
+            if k == "group":  # -1: not an all-reduce
+                _int(c[k], f"{where}.{k}", -1)
+                continue
             check = {str: _str, int: _int, float: _num, list: _list}[kind]
             check(c[k], f"{where}.{k}")
         for j, a in enumerate(c["axes"]):

@@ -110,7 +110,7 @@ def rebuild(pf: PlanFile, traced: Any, target: Any, analysis: Any, clock: StageC
     tables = clock.run("cost", build_tables, ng, params, analysis.feedback, pinned)
     ctx = EvalContext(
         ng, tables, params, analysis.batch, analysis.labels,
-        frozenset(t for t, _ in analysis.feedback), target.speeds,
+        frozenset(t for t, _ in analysis.feedback), target.speeds, target.combiner,
     )  # fmt: skip
     zeros = (0,) * len(ng.nodes)
     evaluation = evaluate(ctx, zeros)

@@ -22,6 +22,7 @@ from jax import tree_util
 
 from .budget import BudgetFit, fit_budget
 from .choose import Choice, choose
+from .combine import Combiner, combiner_for
 from .cost import CostParams
 from .evaluate import EvalContext, is_grad_sync
 from .graph import Program
@@ -61,6 +62,7 @@ class Target:
     params: CostParams
     speeds: MeshSpeeds | None  # per-device rates on a heterogeneous mesh
     device_memory: float  # bytes of the mesh's smallest device
+    combiner: Combiner  # how the target backend combines all-reduces
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +97,8 @@ def target_for(mesh: Any, cluster: Any, objective: str) -> Target:
     peak, mem_bw = slowest_device(cl, desc.sizes, desc.device_ids)
     params = CostParams(axes, peak, mem_bw, objective)
     memory = smallest_memory(cl, desc.sizes, desc.device_ids)
-    return Target(desc, cl, params, mesh_speeds(cl, desc.sizes, desc.device_ids), memory)
+    speeds = mesh_speeds(cl, desc.sizes, desc.device_ids)
+    return Target(desc, cl, params, speeds, memory, combiner_for(desc.platform, cl.device.name))
 
 
 def analyze(traced: Traced) -> Analysis:
@@ -186,7 +189,7 @@ def make_plan(
     clock.done("costs", f"{n_configs} configurations, {n_edges} edges")
     ctx = EvalContext(
         analysis.ng, tables, target.params, analysis.batch, analysis.labels,
-        frozenset(t for t, _ in analysis.feedback), target.speeds,
+        frozenset(t for t, _ in analysis.feedback), target.speeds, target.combiner,
     )  # fmt: skip
     sizes = target.params.mesh.sizes
     budget = memory_budget(options.memory_budget, target)

@@ -213,7 +213,8 @@ def plan_report(plan: Plan) -> str:
             f"{r['bytes'] / 1e6:9.4f} {r['held'] / 1e6:9.3f}"
         )
     c = plan.cost
-    n = len(plan.collectives)
+    n = sum(x.count for x in plan.collectives)
+    ars = sum(x.count for x in plan.collectives if x.group >= 0)
     lines += [
         "-" * len(head),
         f"{'total':<{w}}  {'':<{cw}}  {'':<{sw}}  {c.compute_s * 1e3:9.4f} "
@@ -221,6 +222,18 @@ def plan_report(plan: Plan) -> str:
         f"step {c.step_s * 1e3:.4f} ms = compute {c.compute_s * 1e3:.4f} + comm "
         f"{c.comm_s * 1e3:.4f}; {c.comm_bytes / 1e6:.4f} MB sent per device; "
         f"{n} collective{'s' if n != 1 else ''}",
+    ]
+    if ars > c.combined_all_reduces:
+        lines.append(
+            f"combined: {ars} all-reduces run as {c.combined_all_reduces} (XLA's combiner): "
+            f"step {c.combined_step_s * 1e3:.4f} ms with latency once per combined all-reduce"
+        )
+    if c.overlapped_step_s < c.combined_step_s * (1 - 1e-9):
+        lines.append(
+            f"overlapped: step {c.overlapped_step_s * 1e3:.4f} ms with communication on its own "
+            "stream beside compute (the search minimizes the Eq. 1 step, its upper bound)"
+        )
+    lines += [
         certificate_line(plan),
         memory_lines(plan),
         comparison(plan),

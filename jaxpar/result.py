@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from . import report
 from .choose import Choice, SearchRun
+from .combine import combiner_for
 from .configs import Config, Spec, spec_of
 from .cost import CostParams
 from .evaluate import Collective, EvalContext, Evaluation, PlanCost
@@ -114,9 +115,10 @@ class Plan:
 
     def eval_context(self) -> EvalContext:
         """What `evaluate.evaluate` needs to price another assignment of this plan's tables."""
+        combiner = combiner_for(self.platform, self.cluster.device.name)
         return EvalContext(
             self.ng, self.tables, self.params, self.batch, self.labels,
-            frozenset(self.feedback), self.speeds,
+            frozenset(self.feedback), self.speeds, combiner,
         )  # fmt: skip
 
     # ---- shardings -------------------------------------------------------------------------

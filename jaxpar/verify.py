@@ -577,6 +577,21 @@ def compiled_collectives(compiled: Any) -> list[HloCollective]:
     return parse_collectives(hlo_text, module_device_count(hlo_text))
 
 
+def predicted_counts(predicted: list) -> dict[str, int]:
+    """Collectives per step by kind, as the compiled program should hold them: every run of a
+    loop body counted, and all-reduces counted once per combined group (`Collective.group`)."""
+    counts: dict[str, int] = {}
+    groups: dict[int, int] = {}
+    for c in predicted:
+        if getattr(c, "group", -1) >= 0:
+            groups[c.group] = c.count
+        else:
+            counts[c.kind] = counts.get(c.kind, 0) + getattr(c, "count", 1)
+    if groups:
+        counts[ALL_REDUCE] = counts.get(ALL_REDUCE, 0) + sum(groups.values())
+    return dict(sorted(counts.items()))
+
+
 @dataclasses.dataclass(frozen=True)
 class Fidelity:
     """Predicted collectives of a plan against those in its compiled HLO."""
@@ -586,6 +601,8 @@ class Fidelity:
     predicted_kinds: frozenset[str]
     hlo_kinds: frozenset[str]
     text: str  # both lists, for failure messages
+    predicted_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # after combining
+    hlo_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # runs per step
 
     @property
     def relative_error(self) -> float:
@@ -602,13 +619,25 @@ class Fidelity:
         close = self.relative_error <= tolerance or abs(self.predicted_bytes - self.hlo_bytes) < 64
         return close and not self.unexpected_kinds
 
+    def counts_ok(self, tolerance: float = 0.10, slack: int = 1) -> bool:
+        """Every kind's predicted count (after combining) within ``tolerance`` or ``slack`` of
+        the compiled program's."""
+        kinds = set(self.predicted_counts) | set(self.hlo_counts)
+        for k in kinds:
+            p, h = self.predicted_counts.get(k, 0), self.hlo_counts.get(k, 0)
+            if abs(p - h) > max(slack, tolerance * h):
+                return False
+        return True
+
 
 def fidelity(predicted: list, compiled) -> Fidelity:
-    """Compare a plan's predicted collectives (``plan.collectives``) with the compiled program."""
+    """Compare a plan's predicted collectives (``plan.collectives``) with the compiled program:
+    bytes per device per step, and per kind the number of collectives (all-reduces after
+    combining)."""
     hlo = compiled_collectives(compiled)
     pred_lines = [
         f"  {c.kind:<18} {c.bytes:>12.0f} B  axes={','.join(c.axes)} {c.tensor} ({c.reason}, "
-        f"{c.layer or c.phase})"
+        f"{c.layer or c.phase})" + (f" [group {c.group}]" if getattr(c, "group", -1) >= 0 else "")
         for c in predicted
     ]
     hlo_lines = [
@@ -618,14 +647,16 @@ def fidelity(predicted: list, compiled) -> Fidelity:
     ]
     pb = sum(c.bytes for c in predicted)
     hb = sum(h.total_bytes for h in hlo)
+    pc = predicted_counts(predicted)
+    hc = {k: v["count"] for k, v in collective_summary(hlo).items()}
     text = "\n".join(
         [
-            f"predicted ({len(predicted)}, {pb:.0f} B/device):",
+            f"predicted ({len(predicted)}, {pb:.0f} B/device; per kind after combining {pc}):",
             *pred_lines,
-            f"compiled HLO ({len(hlo)}, {hb:.0f} B/device):",
+            f"compiled HLO ({len(hlo)}, {hb:.0f} B/device; per kind {hc}):",
             *hlo_lines,
         ]
     )
     return Fidelity(
-        pb, hb, frozenset(c.kind for c in predicted), frozenset(h.kind for h in hlo), text
+        pb, hb, frozenset(c.kind for c in predicted), frozenset(h.kind for h in hlo), text, pc, hc
     )

@@ -1,0 +1,142 @@
+"""How XLA's all-reduce combiner merges the predicted all-reduces.
+
+XLA's combiner passes (`all-reduce-combiner`, and on CPU `cpu-all-reduce-combiner`) merge
+all-reduces of one key — same reduction, element type and replica groups, in the same
+computation — into one collective, walking the program in order: the first all-reduce left opens
+a group; later ones of its key join until one depends on a member (a data path from it), the
+group's bytes would pass the threshold, or it holds the maximum count; then the group is
+combined (its members now depend on what any member depended on) and the walk starts over. Bytes
+are unchanged; latency is paid once per group. `group_all_reduces` replays that on the planned
+program (`docs/design.md`, "Combined collectives").
+
+Pure: no jax import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from .graph import Program
+
+
+@dataclasses.dataclass(frozen=True)
+class Combiner:
+    """The target backend's all-reduce combiner thresholds."""
+
+    backend: str
+    max_bytes: float  # per combined all-reduce (result bytes per device)
+    max_count: int  # operands per combined all-reduce
+
+
+# XLA:CPU runs cpu-all-reduce-combiner with no byte limit and at most 256 operands (measured on
+# jax 0.10: 28 gradient all-reduces of a data-parallel GPT step become one). XLA:GPU's default
+# xla_gpu_all_reduce_combine_threshold_bytes is 30 MiB; TPU is assumed to combine like GPU.
+COMBINERS = {
+    "cpu": Combiner("cpu", math.inf, 256),
+    "gpu": Combiner("gpu", 30 * 2**20, 256),
+    "tpu": Combiner("tpu", 30 * 2**20, 256),
+}
+
+
+def combiner_for(platform: str, device_kind: str) -> Combiner:
+    """The combiner of a mesh's platform; an abstract mesh takes its cluster's device kind."""
+    if platform in COMBINERS:
+        return COMBINERS[platform]
+    return COMBINERS["tpu" if "tpu" in device_kind.lower() else "gpu"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceItem:
+    """One predicted all-reduce, as the combiner sees it."""
+
+    eqn: int  # the equation whose result it reduces (its place in program order)
+    key: tuple  # what must match to combine: reduction, dtype, mesh axes, region
+    buffer_bytes: float  # result bytes per device
+
+
+def ancestors(program: Program, eqns: Sequence[int]) -> dict[int, int]:
+    """For each equation in ``eqns``, a bitmask over ``eqns`` of those whose results it reads,
+    directly or through other equations (program order is a topological order)."""
+    bit = {e: 1 << k for k, e in enumerate(eqns)}
+    wanted = set(eqns)
+    of_tensor: dict[int, int] = {}
+    out: dict[int, int] = {}
+    for e in program.eqns:
+        mask = 0
+        for t in e.inputs:
+            if t is not None:
+                mask |= of_tensor.get(t, 0)
+        if e.index in wanted:
+            out[e.index] = mask
+            mask |= bit[e.index]
+        if mask:
+            for t in e.outputs:
+                of_tensor[t] = mask
+    return out
+
+
+def item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list[int]:
+    """Per item, the bitmask over ``items`` of those it depends on (through the program)."""
+    eqns = sorted({it.eqn for it in items})
+    position = {e: k for k, e in enumerate(eqns)}
+    reads = ancestors(program, eqns)
+    items_of = [0] * len(eqns)  # per equation, the bitmask of its items
+    for i, it in enumerate(items):
+        items_of[position[it.eqn]] |= 1 << i
+    out = []
+    for it in items:
+        mask, bits = 0, reads[it.eqn]
+        while bits:
+            low = bits & -bits
+            mask |= items_of[low.bit_length() - 1]
+            bits ^= low
+        out.append(mask)
+    return out
+
+
+def group_all_reduces(
+    items: Sequence[AllReduceItem], depends: Sequence[int], combiner: Combiner
+) -> list[int]:
+    """Group index per item, as the combiner forms them. ``depends[i]``: bitmask over ``items``
+    of the items item i depends on (transitively)."""
+    order = sorted(range(len(items)), key=lambda i: items[i].eqn)
+    deps = list(depends)
+    group = [-1] * len(items)
+    left = list(order)
+    n_groups = 0
+    while left:
+        first = items[left[0]]
+        members, mask, needs, size = [], 0, 0, 0.0  # needs: what the members depend on
+        for i in left:
+            it = items[i]
+            if it.key != first.key:
+                continue
+            if it.buffer_bytes > combiner.max_bytes:
+                if not members:  # too large to combine with anything: alone
+                    members.append(i)
+                    break
+                continue
+            # either direction: after earlier merges program order need not be topological
+            dependent = deps[i] & mask or needs >> i & 1
+            if size + it.buffer_bytes > combiner.max_bytes or dependent:
+                break
+            members.append(i)
+            mask |= 1 << i
+            needs |= deps[i]
+            size += it.buffer_bytes
+            if len(members) >= combiner.max_count:
+                break
+        for i in members:
+            group[i] = n_groups
+        n_groups += 1
+        merged = mask
+        for i in members:
+            merged |= deps[i]
+        for j in range(len(items)):  # the combined op depends on what any member depended on
+            if deps[j] & mask:
+                deps[j] |= merged
+        taken = set(members)
+        left = [i for i in left if i not in taken]
+    return group

@@ -1,0 +1,92 @@
+"""The step with communication overlapped: compute on one stream, collectives on another.
+
+OptCNN's Eq. 1 adds every collective to compute. XLA's GPU/TPU schedulers run collectives
+asynchronously: gradient all-reduces behind the rest of the backward pass, all-gathers of
+parameters ahead of their use. `overlapped_step` schedules the planned step on two in-order
+streams and returns its makespan:
+
+- the compute stream runs the nodes in program order, each for its t_C;
+- the communication stream runs, in the order they are issued, the reshard steps a node reads
+  through (issued just before the node, each after the data it moves is ready) and each node's
+  own collectives (partial sums after its compute; a halo exchange before it);
+- a task starts when its stream is free and the tasks it depends on have finished:
+  ``start = max(stream free, max finish of its dependencies)`` (`schedule`, one pass: every
+  dependency is issued before its dependents).
+
+A node's results are ready when its compute (and its own all-reduce) has finished. A loop body's
+tasks run ``trips`` times as long (iterations are not overlapped with each other). Reshards of
+the state into the next step's layout and a scan's carry edges are issued at the end of their
+producer and waited on by nobody. All-reduces that XLA's combiner merges (`combine`) pay their
+latency once: on the group's first member.
+
+The schedule is never longer than Eq. 1's sum (no stream idles while a ready task waits on it),
+so Eq. 1 is an upper bound of the overlapped step, and that bound is what the search minimizes
+(docs/design.md, "Overlapped step").
+
+Pure: no jax import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+COMPUTE, COMM = 0, 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One unit of work on a stream."""
+
+    stream: int  # COMPUTE or COMM
+    duration: float  # seconds
+    deps: tuple[int, ...] = ()  # tasks (indices, all earlier) that must finish first
+
+
+def schedule(tasks: Sequence[Task]) -> list[float]:
+    """Finish time of every task: in-order streams, ``start = max(stream free, deps done)``."""
+    free = [0.0, 0.0]
+    finish: list[float] = []
+    for task in tasks:
+        start = max([free[task.stream], *(finish[d] for d in task.deps)])
+        finish.append(start + task.duration)
+        free[task.stream] = finish[-1]
+    return finish
+
+
+class Timeline:
+    """Builds the task list of a planned step (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.tasks: list[Task] = []
+        self.ready: dict[int, int] = {}  # node -> the task after which its results are ready
+        self.steps: dict[tuple, int] = {}  # reshard step key -> its task
+
+    def add(self, stream: int, duration: float, deps: Sequence[int | None] = ()) -> int:
+        self.tasks.append(Task(stream, duration, tuple(d for d in deps if d is not None)))
+        return len(self.tasks) - 1
+
+    def reshard(self, key: tuple, src: int, previous: int | None, duration: float) -> int:
+        """A reshard step (each key once), after its source data: the previous step of the
+        path, else the producing node's results."""
+        if key not in self.steps:
+            after = previous if previous is not None else self.ready.get(src)
+            self.steps[key] = self.add(COMM, duration, [after])
+        return self.steps[key]
+
+    def node(
+        self, index: int, compute_s: float, reads: Sequence[int | None],
+        before: Sequence[float], after: Sequence[float],
+    ) -> None:  # fmt: skip
+        """A node: collectives ``before`` its compute (halos), its compute after ``reads``
+        (tasks its inputs wait on), collectives ``after`` it (partial sums)."""
+        deps = list(reads)
+        for d in before:
+            deps.append(self.add(COMM, d, deps))
+        last = self.add(COMPUTE, compute_s, deps)
+        for d in after:
+            last = self.add(COMM, d, [last])
+        self.ready[index] = last
+
+    def makespan(self) -> float:
+        return max(schedule(self.tasks), default=0.0)
