@@ -127,6 +127,18 @@ def step_time(step: Step, mesh: MeshAxes) -> float:
 
 @functools.lru_cache(maxsize=1 << 21)
 def reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tuple[float, float]:
+    """`_reshard_linear` of the layouts with the dims whole in both dropped: they change neither
+    the path nor any buffer's size, and many layout pairs of different ranks then share one
+    cache entry."""
+    if len(src) == len(dst):
+        kept = [d for d in range(len(src)) if src[d] or dst[d]]
+        if len(kept) < len(src):
+            src, dst = tuple(src[d] for d in kept), tuple(dst[d] for d in kept)
+    return _reshard_linear(src, dst, mesh, objective)
+
+
+@functools.lru_cache(maxsize=1 << 21)
+def _reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tuple[float, float]:
     """(fixed, per_byte): a reshard of a B-byte tensor costs fixed + B · per_byte.
 
     The same sum as `step_time` over `reshard_path`, split into its α and β terms (every step's
