@@ -146,7 +146,7 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             row[term] += c.time_s * trips
             row["bytes"] += c.nbytes * trips
             axes = tuple(mesh.names[x] for x in c.axes)
-            if c.kind == ALL_REDUCE:
+            if c.kind == ALL_REDUCE and c.group_size > 1:
                 n, bw, lat = mesh.group(c.axes)
                 key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
                 buffer = c.nbytes * n / (2 * (n - 1))  # ring bytes 2(n-1)/n · buffer

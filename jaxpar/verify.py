@@ -583,6 +583,8 @@ def predicted_counts(predicted: list) -> dict[str, int]:
     counts: dict[str, int] = {}
     groups: dict[int, int] = {}
     for c in predicted:
+        if c.group_size <= 1:
+            continue  # a group of one device: no collective
         if getattr(c, "group", -1) >= 0:
             groups[c.group] = c.count
         else:
