@@ -38,6 +38,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -110,7 +111,7 @@ def causal_attention(qkv: jax.Array, num_heads: int) -> jax.Array:
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     acc = jnp.promote_types(jnp.float32, qkv.dtype)
     scores = (jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)).astype(acc)
-    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    causal = np.tril(np.ones((length, length), dtype=bool))  # a constant: no equations
     scores = jnp.where(causal, scores, jnp.finfo(acc).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(qkv.dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, d_model)
