@@ -14,21 +14,38 @@ Pure: numpy only.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
 
 from .collectives import ALL_REDUCE, PERMUTE, all_reduce_bytes, transfer_time
 from .configs import Config, degree, dim_degrees, shard_count, spec_of
-from .graph import REGION_PRIMITIVES
+from .graph import REGION_PRIMITIVES, Equation, Program
 from .hardware.calibration import CONV, MATMUL
 from .hardware.mesh_model import MeshAxes
 from .nodes import Node, NodeGraph
-from .rules import DimMap
+from .rules import ELEMENTWISE, DimMap
 
 OBJECTIVES = ("time", "comm")  # OptCNN Eq. 1 seconds, or SoyBean's bytes moved
 # primitives priced by a calibration's throughput curves, and the curve kind of each
 MEASURED_PRIMITIVES = {"dot_general": MATMUL, "conv_general_dilated": CONV}
+# Equations XLA runs as a library call of their own (cuBLAS/cuDNN, Eigen/oneDNN, the MXU), with
+# their elementwise followers in a separate fused kernel.
+CONTRACTION_PRIMITIVES = tuple(MEASURED_PRIMITIVES)
+# Equations that move no data of their own: XLA makes a reshape a bitcast and fuses a broadcast
+# or an iota into its readers. A kernel of these alone is no kernel.
+FREE_PRIMITIVES = ("reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iota")
+# Loop-fusion consumers: XLA fuses an elementwise producer into them (recomputing it) rather
+# than writing its result to memory (`node_kernels`).
+FUSING_READERS = frozenset(
+    (*ELEMENTWISE, *FREE_PRIMITIVES, "transpose", "reduce_sum", "reduce_max", "reduce_min",
+     "reduce_prod", "argmax", "argmin", "select_n", "pad", "slice", "concatenate")
+)  # fmt: skip
+# Results that are bitcasts of their operand (never written; readers read the operand)
+ALIASES = ("reshape", "squeeze", "expand_dims")
+# Producers XLA recomputes inside fusing readers rather than writing their results
+RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +57,18 @@ class CostParams:
     mem_bandwidth: float  # bytes/s of one device's memory
     objective: str = "time"  # one of OBJECTIVES
 
+    @property
+    def kernel_overhead(self) -> float:
+        """Seconds every kernel costs beyond its roofline time (launch, ramp-up, tail): the
+        slowest device's (`mesh_model.kernel_costs`; measured on a calibrated mesh)."""
+        return self.mesh.kernel_overhead
+
+    @property
+    def half_rate_time(self) -> float:
+        """Saturation of an uncalibrated contraction (`saturated_rate`): f_half = peak ·
+        half_rate_time, the FLOPs at which it runs at half its peak (0: always the peak)."""
+        return self.mesh.half_rate_time
+
     def flops_rate(self, dtype: str) -> float:
         table = dict(self.peak_flops)
         return table.get(dtype, table.get("float32", next(iter(table.values()))))
@@ -47,14 +76,30 @@ class CostParams:
     def flops_rates(self, dtype: str, primitive: str, flops: np.ndarray) -> np.ndarray | float:
         """FLOP/s of one device running `flops` FLOPs of `primitive` (vectorized over `flops`).
 
-        On a calibrated mesh (`MeshAxes.calibration`) matrix products and convolutions run at
-        the measured curve's achieved rate for their size (`ThroughputCurve.rate`); everything
-        else, and every op on an uncalibrated mesh, at the peak `flops_rate(dtype)`.
+        Matrix products and convolutions run at the measured curve's achieved rate for their
+        size on a calibrated mesh (`MeshAxes.calibration`, `ThroughputCurve.rate`), else at the
+        peak saturated by size (`saturated_rate`); every other primitive at the peak
+        `flops_rate(dtype)` (elementwise work is bound by memory, not by FLOPs).
         """
         kind = MEASURED_PRIMITIVES.get(primitive)
-        if self.mesh.calibration is None or kind is None:
+        if kind is None:
             return self.flops_rate(dtype)
-        return self.mesh.calibration.curve(kind, dtype).rate(flops)
+        if self.mesh.calibration is not None:
+            return self.mesh.calibration.curve(kind, dtype).rate(flops)
+        peak = self.flops_rate(dtype)
+        return saturated_rate(flops, peak, peak * self.half_rate_time)
+
+
+def saturated_rate(flops: np.ndarray | float, peak: float, half_flops: float) -> np.ndarray:
+    """FLOP/s of a kernel of `flops` FLOPs: peak · f / (f + f_half).
+
+    Small kernels do not fill the device (too few tiles for its cores): the rate rises with
+    the FLOPs per call and reaches half the peak at f_half. Equivalently the time is
+    (f + f_half) / peak: splitting a kernel n ways divides f but not f_half, so splitting a
+    small op further is not free. f_half = 0 gives the peak.
+    """
+    f = np.maximum(np.asarray(flops, dtype=float), 1e-30)
+    return peak * f / (f + half_flops)
 
 
 def roofline_time(flops: float, nbytes: float, peak_flops: float, mem_bandwidth: float) -> float:
@@ -62,40 +107,291 @@ def roofline_time(flops: float, nbytes: float, peak_flops: float, mem_bandwidth:
     return max(flops / peak_flops, nbytes / mem_bandwidth)
 
 
+def kernel_time(
+    flop_time: np.ndarray, nbytes: np.ndarray, mem_bandwidth: float, overhead: float
+) -> np.ndarray:
+    """Seconds of one kernel: overhead + max(FLOP time, bytes / memory bandwidth)."""
+    return overhead + np.maximum(flop_time, nbytes / mem_bandwidth)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One kernel XLA runs for (part of) a node, and the memory traffic it makes.
+
+    Tensors made and read inside the kernel stay in registers or on chip: only what it reads
+    from outside and what it writes for others cross device memory.
+    """
+
+    members: tuple[int, ...]  # positions in `Node.members`
+    # (tensor read from memory, the operand tensor it is read for, that operand's map in node
+    # dims), each tensor read once; the two differ where the operand is `recomputed`
+    reads: tuple[tuple[int, int, DimMap], ...]
+    writes: tuple[tuple[int, DimMap], ...]  # tensors read after it (or program results), once
+    contraction: bool  # a library call (dot_general / conv), priced by its FLOP-rate curve
+
+    @property
+    def runs(self) -> bool:
+        """Whether it is a kernel of its own: one that writes nothing is computed inside the
+        kernels reading its results (its reads are theirs)."""
+        return bool(self.writes)
+
+
+@dataclasses.dataclass
+class _ProgramIndex:
+    """What `node_kernels` asks of every tensor, computed once per program."""
+
+    producer: dict[int, Equation]  # tensor -> the equation making it
+    readers: dict[int, list[int]]  # tensor -> equations reading it
+    results: frozenset[int]  # the program's results
+    sources: dict[int, tuple[int, ...]]  # memo of `_sources`
+
+
+_INDEX: dict[int, tuple[weakref.ref, _ProgramIndex]] = {}
+
+
+def _index(program: Program) -> _ProgramIndex:
+    key = id(program)
+    hit = _INDEX.get(key)
+    if hit is None or hit[0]() is not program:
+        producer = {t: e for e in program.eqns for t in e.outputs}
+        results = frozenset(t for t in program.outvars if t is not None)
+        hit = (weakref.ref(program), _ProgramIndex(producer, program.consumers(), results, {}))
+        _INDEX[key] = hit
+        weakref.finalize(program, _INDEX.pop, key, None)
+    return hit[1]
+
+
+def recomputed(program: Program, tid: int) -> bool:
+    """Whether tensor ``tid`` is never written to memory because XLA computes it inside the
+    kernel that reads it: a reshape's result is a bitcast of its operand (`ALIASES`); an
+    elementwise or layout result (`RECOMPUTED_PRODUCERS`) that is no program result and has one
+    reading equation, which fuses it (`_fuses`), is computed there (XLA's producer-consumer
+    fusion; a result with several readers is written once rather than recomputed in each)."""
+    index = _index(program)
+    eqn = index.producer.get(tid)
+    if eqn is None or tid in index.results:
+        return False
+    if eqn.primitive in ALIASES:
+        return True
+    readers = set(index.readers.get(tid, ()))
+    if eqn.primitive not in RECOMPUTED_PRODUCERS or len(readers) != 1:
+        return False
+    return _fuses(program, readers.pop())
+
+
+def _fuses(program: Program, reader: int) -> bool:
+    """Whether equation ``reader`` runs in a loop fusion that can compute its operands'
+    producers (`FUSING_READERS`); a reshape fuses when every reader of its result does."""
+    index = _index(program)
+    key = -1 - reader  # memo entries of equations, beside the tensors' `sources`
+    hit = index.sources.get(key)
+    if hit is None:
+        eqn = program.eqns[reader]
+        ok = eqn.primitive in FUSING_READERS
+        if ok and eqn.primitive in ALIASES:
+            ok = all(_fuses(program, r) for t in eqn.outputs for r in index.readers.get(t, ()))
+        hit = (int(ok),)
+        index.sources[key] = hit
+    return bool(hit[0])
+
+
+def _sources(program: Program, tid: int, fusing: bool) -> tuple[int, ...]:
+    """The tensors a kernel reads from memory to use ``tid``: through reshapes, their operand;
+    for a loop fusion (``fusing``) reading a `recomputed` tensor, the sources of its
+    producer's operands; else ``tid`` itself."""
+    index = _index(program)
+    eqn = index.producer.get(tid)
+    if eqn is None or not recomputed(program, tid):
+        return (tid,)
+    if eqn.primitive in ALIASES:
+        return _sources(program, eqn.inputs[0], fusing)
+    if not fusing:
+        return (tid,)
+    hit = index.sources.get(tid)  # memo (fusing readers only)
+    if hit is None:
+        ops = [t for t in eqn.inputs if t is not None]
+        hit = tuple(dict.fromkeys(s for t in ops for s in _sources(program, t, True)))
+        index.sources[tid] = hit
+    return hit
+
+
+def node_kernels(ng: NodeGraph, node: Node) -> tuple[Kernel, ...]:
+    """The kernels XLA runs for ``node``, the way it fuses (docs/design.md, "Compute t_C").
+
+    - A contraction anchor (`CONTRACTION_PRIMITIVES`) is a kernel of its own (a library call):
+      it reads its operands and writes its results.
+    - Every other member (the elementwise followers and absorbed broadcasts; the anchor when it
+      is no contraction) is one fused kernel.
+    - A kernel reads each tensor it uses that is made outside it once, and writes each tensor it
+      makes that is read outside it, or is a program result, once; tensors made and read inside
+      it are not memory traffic, nor are dead results (XLA removes them).
+    - XLA fuses elementwise producers into loop-fusion readers: a `recomputed` tensor is not
+      written; its readers read what it is computed from (`_sources`) instead. A kernel that
+      writes nothing runs inside its readers' kernels: it keeps its FLOPs but reads nothing
+      and costs no launch (`Kernel.runs`).
+    - Scan carries, slices, stacks and cond merges (`graph.REGION_PRIMITIVES`) move no data.
+    """
+    program = ng.program
+    eqns = program.eqns
+    live = [i for i, m in enumerate(node.members) if m.eqn >= 0 and _moves_data(eqns[m.eqn])]
+    if not live:
+        return ()
+    groups = [live]
+    anchor_first = node.members[live[0]].eqn == node.anchor >= 0
+    if anchor_first and eqns[node.anchor].primitive in CONTRACTION_PRIMITIVES:
+        groups = [[live[0]], live[1:]]
+    index = _index(program)
+    kernels = []
+    for k, group in enumerate(groups):
+        contraction = len(groups) == 2 and k == 0
+        own = {node.members[i].eqn for i in group}
+        made = {t for i in group for t in eqns[node.members[i].eqn].outputs}
+        reads: dict[int, tuple[int, DimMap]] = {}
+        writes: dict[int, DimMap] = {}
+        for i in group:
+            m = node.members[i]
+            eqn = eqns[m.eqn]
+            for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
+                if t is None or mp is None or t in made:
+                    continue
+                for s in _sources(program, t, not contraction):
+                    if s not in made:
+                        reads.setdefault(s, (t, mp))
+            for t, mp in zip(eqn.outputs, m.out_maps, strict=True):
+                outside = any(r not in own for r in index.readers.get(t, ()))
+                if t in index.results or (outside and not recomputed(program, t)):
+                    writes.setdefault(t, mp)
+        kernel_reads = tuple((s, t, mp) for s, (t, mp) in reads.items()) if writes else ()
+        kernels.append(Kernel(tuple(group), kernel_reads, tuple(writes.items()), contraction))
+    return tuple(kernels)
+
+
+def _moves_data(eqn: Equation) -> bool:
+    return eqn.primitive not in REGION_PRIMITIVES
+
+
+def conv_taps_fraction(program: Program, eqn) -> float:
+    """The share of a convolution's window taps that land on input elements (1 for any other
+    equation): Π over spatial dims of valid taps / (output size · kernel size).
+
+    `rules` counts 2 · output elements · input features · kernel taps FLOPs; taps on padding
+    or, for the input gradient of a strided convolution (lhs dilation), on the holes between
+    input elements multiply zeros that neither XLA's cost analysis nor cuDNN's kernels count.
+    """
+    if eqn.primitive != "conv_general_dilated":
+        return 1.0
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    lhs = program.tensors[eqn.inputs[0]].shape
+    rhs = program.tensors[eqn.inputs[1]].shape
+    out = program.tensors[eqn.outputs[0]].shape
+    nsp = len(out) - 2
+    fraction = 1.0
+    for i in range(nsp):
+        n_in, k, n_out = lhs[dn.lhs_spec[2 + i]], rhs[dn.rhs_spec[2 + i]], out[dn.out_spec[2 + i]]
+        stride = p["window_strides"][i]
+        lo = p["padding"][i][0]
+        dl = (p["lhs_dilation"] or (1,) * nsp)[i]
+        dr = (p["rhs_dilation"] or (1,) * nsp)[i]
+        last = (n_in - 1) * dl  # the last input element in dilated coordinates
+        pos = np.arange(n_out)[:, None] * stride + np.arange(k)[None, :] * dr - lo
+        valid = (pos >= 0) & (pos <= last) & (pos % dl == 0)
+        fraction *= float(valid.mean()) if valid.size else 1.0
+    return fraction
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeWork:
+    """Per configuration, what one run of a node does on one device (vectorized)."""
+
+    flops: np.ndarray  # FLOPs of every member's shard
+    nbytes: np.ndarray  # memory traffic of its kernels (`node_kernels`)
+    seconds: np.ndarray  # t_C: Σ over kernels of `kernel_time`
+    kernels: int  # kernels per run
+
+
+def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams) -> NodeWork:
+    """FLOPs, bytes and t_C of one run of ``node`` per device, for every configuration.
+
+    Per kernel k of `node_kernels` (shards(t): the product of the degrees of the iteration dims
+    tensor t's dims map to; deg_m: of the dims member m uses)::
+
+        bytes_k = Σ_{s read by k for operand t} min(nbytes(s), itemsize(s) · size(t) / shards(t))
+                + Σ_{t written by k} nbytes(t) / shards(t)
+        f_m     = flops_m · taps_m / deg_m            (taps: `conv_taps_fraction`, 1 but for convs)
+        t_k     = overhead + max( Σ_{m ∈ k} f_m / rate_m(f_m) , bytes_k / mem_bandwidth )
+        t_C     = Σ_k t_k
+
+    rate_m: `CostParams.flops_rates` (a contraction's calibrated curve, or its peak saturated at
+    f_m; the peak for everything else); overhead: `CostParams.kernel_overhead`. A kernel that
+    writes nothing (`Kernel.runs` false) has bytes_k = 0 and no overhead: its FLOPs run inside
+    its readers' kernels.
+    """
+    n = len(cfgs)
+    D = dim_degrees(cfgs, len(node.space.sizes), params.mesh.sizes)
+    program = ng.program
+    tensors = program.tensors
+
+    def shards(mp: DimMap) -> np.ndarray:
+        out = np.ones(n)
+        for d in mp:
+            if d is not None:
+                out = out * D[:, d]
+        return out
+
+    flops, nbytes, seconds = np.zeros(n), np.zeros(n), np.zeros(n)
+    kernels = node_kernels(ng, node)
+    for kernel in kernels:
+        k_bytes = np.zeros(n)
+        for s, t, mp in kernel.reads:  # s read for operand t: t's shard of s, at most all of s
+            shard_elements = tensors[t].size / shards(mp)
+            k_bytes += np.minimum(tensors[s].nbytes, tensors[s].itemsize * shard_elements)
+        for t, mp in kernel.writes:
+            k_bytes += tensors[t].nbytes / shards(mp)
+        k_time = np.zeros(n)
+        for i in kernel.members:
+            m = node.members[i]
+            eqn = program.eqns[m.eqn]
+            if not m.flops:
+                continue
+            f = m.flops * conv_taps_fraction(program, eqn) / shards(tuple(m.used_dims))
+            rate = params.flops_rates(tensors[eqn.outputs[0]].dtype, eqn.primitive, f)
+            k_time += f / rate
+            flops += f
+        nbytes += k_bytes
+        overhead = params.kernel_overhead if kernel.runs else 0.0
+        seconds += kernel_time(k_time, k_bytes, params.mem_bandwidth, overhead)
+    return NodeWork(flops, nbytes, seconds, sum(k.runs for k in kernels))
+
+
 def compute_times(
     ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams
 ) -> np.ndarray:
-    """t_C of every configuration: Σ over members of `roofline_time` of the per-device shard,
-    FLOPs / degree of the member's split dims and bytes of its operands and results / their
-    shard counts (vectorized over configurations). The FLOP rate is the peak, or on a
-    calibrated mesh the measured rate at the shard's size (`CostParams.flops_rates`)."""
-    D = dim_degrees(cfgs, len(node.space.sizes), params.mesh.sizes)
-    total = np.zeros(len(cfgs))
-    tensors = ng.program.tensors
+    """t_C of every configuration (one run of the node): `node_work`'s seconds, Σ over the
+    node's fused kernels of overhead + max(FLOP time, bytes / memory bandwidth)."""
+    return node_work(ng, node, cfgs, params).seconds
 
-    def shards(mp: DimMap) -> np.ndarray:
-        out = np.ones(len(cfgs))
-        for m in mp:
-            if m is not None:
-                out = out * D[:, m]
-        return out
 
-    for m in node.members:
-        if m.eqn < 0 or ng.program.eqns[m.eqn].primitive in REGION_PRIMITIVES:
-            continue  # a scan's carry, slice and stack move no data of their own
-        eqn = ng.program.eqns[m.eqn]
-        deg = np.ones(len(cfgs))
-        for d in m.used_dims:
-            deg = deg * D[:, d]
-        nbytes = np.zeros(len(cfgs))
-        for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
-            if t is not None and mp is not None:
-                nbytes += tensors[t].nbytes / shards(mp)
-        for t, mp in zip(eqn.outputs, m.out_maps, strict=True):
-            nbytes += tensors[t].nbytes / shards(mp)
-        flops = m.flops / deg
-        rate = params.flops_rates(tensors[eqn.outputs[0]].dtype, eqn.primitive, flops)
-        total += np.maximum(flops / rate, nbytes / params.mem_bandwidth)
+def plan_work(
+    ng: NodeGraph,
+    configs: Sequence[Sequence[Config]],
+    assignment: Sequence[int],
+    params: CostParams,
+    *,
+    loops: bool = True,
+) -> dict[str, float]:
+    """Predicted FLOPs, memory bytes, kernels and t_C per device per step of an assignment:
+    Σ over nodes of `node_work` under its configuration × `Program.trips(node.region)`
+    (``loops=False``: each loop body once, as XLA's ``cost_analysis`` counts a while body)."""
+    total = {"flops": 0.0, "bytes": 0.0, "kernels": 0.0, "seconds": 0.0}
+    for node in ng.nodes:
+        cfg = configs[node.index][assignment[node.index]]
+        work = node_work(ng, node, [cfg], params)
+        runs = ng.program.trips(node.region) if loops else 1
+        total["flops"] += float(work.flops[0]) * runs
+        total["bytes"] += float(work.nbytes[0]) * runs
+        total["kernels"] += work.kernels * runs
+        total["seconds"] += float(work.seconds[0]) * runs
     return total
 
 

@@ -7,6 +7,8 @@ Every number is a median of timed device runs (jit, warm-up runs, `block_until_r
   largest first after a warm-up that brings an accelerator's clocks up -> achieved FLOP/s
   against the FLOPs of one op (`ThroughputCurve`);
 - an elementwise op (y = 2x) over growing buffers -> memory bandwidth (bytes read + written / s);
+- chains of tiny dependent reductions of two lengths -> the fixed time of one kernel (the
+  difference in time over the difference in kernels the compiled programs run);
 - for every mesh axis of size >= 2 and every collective kind, a `shard_map` program running the
   collective over that axis alone, over a sweep of message sizes -> α, β per kind
   (`calibration.fit_alpha_beta`) and the axis's joint fit in the cost model's form
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -123,6 +126,13 @@ ACCELERATOR = Sweep(
     warm_up_s=2.0,
 )
 MAX_CHAIN = 64  # longest chain of dependent ops in one timed program
+KERNEL_CHAINS = (8, 64)  # steps of the two tiny-kernel chains `kernel_overhead` times
+KERNEL_ELEMENTS = 32  # float32 elements each step reads: no work beside the kernel itself
+# HLO instructions that run no kernel of their own (`kernel_count`)
+NOT_KERNELS = frozenset(
+    ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "call", "while",
+     "conditional", "opt-barrier", "after-all", "partition-id", "replica-id", "add-dependency")
+)  # fmt: skip
 
 
 def chain_length(flops: float, sweep: Sweep) -> int:
@@ -230,6 +240,60 @@ def memory_point(elements: int, device: Any, sweep: Sweep) -> tuple[float, float
     seconds = median_seconds(jax.jit(lambda x: x * 2.0), (x,), sweep)
     nbytes = 8.0 * elements
     return nbytes, nbytes / seconds
+
+
+def kernel_chain(steps: int) -> Callable[[jax.Array], jax.Array]:
+    """A jitted chain of `steps` dependent tiny kernels: x <- x / (1 + ε · sum(x)). Each step
+    waits for the previous reduction, so XLA cannot fuse the steps into one kernel."""
+
+    def chain(x: jax.Array) -> jax.Array:
+        for _ in range(steps):
+            x = x / (1.0 + 1e-6 * jnp.sum(x))
+        return x
+
+    return jax.jit(chain)
+
+
+def kernel_count(hlo_text: str) -> int:
+    """Kernels a compiled program runs: instructions outside fused computations (fusion
+    bodies, reducers), not counting parameters, tuples, bitcasts, calls and control flow."""
+    computations: dict[str, list[tuple[str, str]]] = {}
+    inner: set[str] = set()
+    current = ""
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if head and not line.startswith(" "):
+            current = head.group(1)
+            computations[current] = []
+            continue
+        inst = re.match(r"^\s+(?:ROOT )?%?[\w.\-]+ = .*?\s([a-z][\w\-]*)\((.*)$", line)
+        if not inst or not current:
+            continue
+        opcode, rest = inst.group(1), inst.group(2)
+        computations[current].append((opcode, rest))
+        for key, target in re.findall(r"(calls|to_apply)=%?([\w.\-]+)", rest):
+            if key == "calls" or opcode != "call":
+                inner.add(target)
+    return sum(
+        op not in NOT_KERNELS
+        for name, insts in computations.items()
+        if name not in inner
+        for op, _ in insts
+    )
+
+
+def kernel_overhead(device: Any, sweep: Sweep) -> float:
+    """Seconds one kernel costs beyond its work: two chains of tiny dependent reductions
+    (`kernel_chain`, `KERNEL_CHAINS` steps), (time of the long one - time of the short one) /
+    (kernels of the long one - kernels of the short one), kernels counted in the compiled
+    programs (`kernel_count`). The difference cancels the per-call dispatch of the host."""
+    x = jax.device_put(jnp.ones((KERNEL_ELEMENTS,), jnp.float32), device)
+    times, kernels = [], []
+    for steps in KERNEL_CHAINS:
+        fn = kernel_chain(steps)
+        kernels.append(kernel_count(fn.lower(x).compile().as_text()))
+        times.append(median_seconds(fn, (x,), sweep))
+    return max(0.0, (times[1] - times[0]) / max(1, kernels[1] - kernels[0]))
 
 
 def merged_points(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
@@ -344,6 +408,7 @@ def calibrate(
         points = [conv_point(s, dtype, first, sweep) for s in sweep.conv_shapes[::-1]]
         conv[dtype] = ThroughputCurve(merged_points(points))
     memory = tuple(memory_point(e, first, sweep) for e in sweep.memory_elements[::-1])
+    overhead = kernel_overhead(first, sweep)
     return Calibration(
         platform=first.platform,
         device_kind=first.device_kind,
@@ -357,6 +422,7 @@ def calibrate(
         memory_points=memory[::-1],
         memory_bytes=_memory_capacity(first),
         axes=_axes(mesh, devices, sweep),
+        kernel_overhead=overhead,
     )
 
 
@@ -368,6 +434,8 @@ def summary(calibration: Calibration) -> str:
         f"{c.jax_version}" + (" (quick: rough numbers)" if c.quick else ""),
         f"  memory bandwidth {c.memory_bandwidth / 1e9:.1f} GB/s"
         + (f", memory {c.memory_bytes / 1e9:.1f} GB" if c.memory_bytes else ""),
+        f"  kernel overhead {c.measured_kernel_overhead() * 1e6:.2f} us per kernel"
+        + ("" if c.kernel_overhead is not None else " (smallest product; not measured)"),
     ]
     for label, table in (("matmul", c.matmul), ("conv", c.conv)):
         for dtype, curve in table:

@@ -40,6 +40,7 @@ def synthetic(
     kind: str = "cpu",
     devices: int = 8,
     axes: tuple[AxisCalibration, ...] = (),
+    kernel_overhead: float | None = 0.0,
 ) -> Calibration:
     """A calibration whose matmul and conv curves run at `rate` at every size."""
     flat = ThroughputCurve(((1e3, rate), (1e15, rate)))
@@ -55,6 +56,7 @@ def synthetic(
         memory_points=((1e6, 1e20),),
         memory_bytes=64e9,
         axes=axes,
+        kernel_overhead=kernel_overhead,
     )
 
 
@@ -181,7 +183,72 @@ def test_json_round_trip(tmp_path):
     cal.save(path)
     assert load_calibration(path) == cal
     doc = json.loads(path.read_text())
-    assert doc["format"] == "jaxpar.calibration" and doc["version"] == 1
+    assert doc["format"] == "jaxpar.calibration" and doc["version"] == 2
+    assert doc["kernel_overhead"] == 0.0
+
+
+@pytest.mark.api
+def test_a_version_1_file_still_loads(tmp_path):
+    """Version 1 had no kernel overhead: it loads, and the overhead is the time of its smallest
+    measured product (launch-bound); version 2 files carry the measured one."""
+    doc = synthetic(rate=1e12, kernel_overhead=None).to_dict()
+    doc["version"] = 1
+    del doc["kernel_overhead"]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(doc))
+    cal = load_calibration(path)
+    assert cal.kernel_overhead is None
+    assert cal.measured_kernel_overhead() == pytest.approx(1e3 / 1e12)  # smallest point: 1 kFLOP
+    assert synthetic(kernel_overhead=3e-6).measured_kernel_overhead() == 3e-6
+
+
+@pytest.mark.closed_form
+def test_a_calibrated_mesh_prices_kernels_with_the_measured_overhead():
+    cluster = Cluster.from_calibration(synthetic(platform="gpu", kind=H100, kernel_overhead=7e-6))
+    assert mesh_axes(cluster, ("d",), (8,), None).kernel_overhead == 7e-6
+
+
+@pytest.mark.closed_form
+def test_kernel_count_reads_the_compiled_program():
+    """Kernels: instructions outside fused computations and reducers, no parameters,
+    constants, tuples or bitcasts."""
+    from jaxpar.measure import kernel_count
+
+    hlo = """HloModule m
+
+%fused_computation (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %m = f32[4]{0} multiply(%p, %p)
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[4]) -> f32[] {
+  %x = f32[4]{0} parameter(0)
+  %f = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_computation
+  %c = f32[] constant(0)
+  %r = f32[] reduce(%f, %c), dimensions={0}, to_apply=%add
+  ROOT %t = f32[] bitcast(%r)
+}
+"""
+    assert kernel_count(hlo) == 2
+
+
+@pytest.mark.api
+def test_kernel_overhead_is_measured_and_small_on_the_cpu():
+    """Two chains of tiny reductions: a positive per-kernel time, well under a millisecond."""
+    import jax
+
+    from jaxpar.measure import QUICK, kernel_chain, kernel_count, kernel_overhead
+
+    x = jax.numpy.ones((32,), "float32")
+    counts = [kernel_count(kernel_chain(n).lower(x).compile().as_text()) for n in (8, 64)]
+    assert counts[1] > counts[0] >= 8
+    assert 0 <= kernel_overhead(jax.devices()[0], QUICK) < 1e-3
 
 
 @pytest.mark.api
@@ -247,6 +314,7 @@ def test_calibrate_measures_every_axis_and_kind(measured):
         assert sorted(f.kind for f in ax.collectives) == sorted(KINDS)
         assert ax.bandwidth > 0 and ax.step_latency >= 0
     assert [d for d, _ in cal.matmul] == ["float32"] and cal.memory_bandwidth > 0
+    assert cal.kernel_overhead is not None and cal.kernel_overhead >= 0
     assert load_calibration(path) == cal
 
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxpar.collectives import (
@@ -148,3 +149,191 @@ def test_collective_over_merged_axes_gets_the_merged_ring_bandwidth():
     n, bw, lat = mesh.group((0, 1))
     assert n == 16 and bw == pytest.approx(12.5e9) and lat == pytest.approx(5e-6)
     assert mesh.group((1,))[1] == pytest.approx(20e9)
+
+
+# ---- compute t_C: fused traffic, kernel overhead, saturation (docs/design.md, "Compute t_C") ----
+
+
+def _tiny_program(fn, *shapes):
+    """The nodes of ``fn`` traced at float32 ``shapes``."""
+    import jax
+
+    from jaxpar.nodes import build_nodes
+    from jaxpar.trace import trace
+
+    args = tuple(jax.ShapeDtypeStruct(s, "float32") for s in shapes)
+    program, _ = trace(fn, args)
+    return build_nodes(program)
+
+
+def _params(overhead=0.0, half_rate_time=0.0, peak=1e12, bandwidth=1e11, sizes=(2,)):
+    from jaxpar.cost import CostParams
+    from jaxpar.hardware.mesh_model import MeshAxes
+
+    n = len(sizes)
+    mesh = MeshAxes(
+        names=tuple(f"a{i}" for i in range(n)), sizes=sizes, bandwidth=(1e9,) * n,
+        latency=(1e-6,) * n, link_names=("l",) * n, kernel_overhead=overhead,
+        half_rate_time=half_rate_time,
+    )  # fmt: skip
+    return CostParams(mesh, (("float32", peak),), bandwidth)
+
+
+def _node_of(ng, primitive):
+    return next(
+        n for n in ng.nodes if n.anchor >= 0 and ng.program.eqns[n.anchor].primitive == primitive
+    )
+
+
+def _matmul_bias_relu(x, w, b):
+    import jax
+
+    return jax.nn.relu(x @ w + b)
+
+
+def test_fused_traffic_of_a_matmul_bias_relu_node():
+    """relu(x @ W + b) is one node and two kernels: the product reads x and W and writes y; the
+    epilogue reads y and b (not its broadcast) and writes only the relu result."""
+    from jaxpar.cost import node_kernels, node_work
+
+    ng = _tiny_program(_matmul_bias_relu, (4, 8), (8, 16), (16,))
+    node = _node_of(ng, "dot_general")
+    kernels = node_kernels(ng, node)
+    T = ng.program.tensors
+    assert [k.contraction for k in kernels] == [True, False]
+    assert [[T[s].shape for s, _, _ in k.reads] for k in kernels] == [
+        [(4, 8), (8, 16)],
+        [(4, 16), (16,)],
+    ]
+    assert [[T[t].shape for t, _ in k.writes] for k in kernels] == [[(4, 16)], [(4, 16)]]
+    x, w, y, b, r = 4 * 8 * 4, 8 * 16 * 4, 4 * 16 * 4, 16 * 4, 4 * 16 * 4
+    unsplit = tuple(-1 for _ in range(1))
+    work = node_work(ng, node, [unsplit], _params(sizes=(2,)))
+    assert work.nbytes[0] == pytest.approx(x + w + y + y + b + r)
+    assert work.kernels == 2
+    # the batch dim (the anchor's dim 0) split over 2 devices: x, y and r halve; W and b do not
+    batch = node.space.out_maps[0][0]
+    work = node_work(ng, node, [(batch,)], _params(sizes=(2,)))
+    assert work.nbytes[0] == pytest.approx(x / 2 + w + y / 2 + y / 2 + b + r / 2)
+    assert work.flops[0] == pytest.approx(sum(m.flops for m in node.members) / 2)
+    assert work.flops[0] == pytest.approx((2 * 4 * 8 * 16 + 2 * 4 * 16) / 2)  # dot; add, max
+
+
+def test_kernel_time_is_overhead_plus_roofline_per_kernel():
+    """t_C = Σ_k overhead + max(FLOPs_k / peak, bytes_k / bandwidth): memory-bound kernels here."""
+    from jaxpar.cost import compute_times, node_kernels, node_work
+
+    ng = _tiny_program(_matmul_bias_relu, (4, 8), (8, 16), (16,))
+    node = _node_of(ng, "dot_general")
+    params = _params(overhead=3e-6, peak=1e15, bandwidth=1e9)
+    work = node_work(ng, node, [(-1,)], params)
+    bytes_k = [4 * 8 * 4 + 8 * 16 * 4 + 4 * 16 * 4, 4 * 16 * 4 + 16 * 4 + 4 * 16 * 4]
+    expected = sum(3e-6 + b / 1e9 for b in bytes_k)
+    assert work.seconds[0] == pytest.approx(expected)
+    assert compute_times(ng, node, [(-1,)], params)[0] == pytest.approx(expected)
+    assert len(node_kernels(ng, node)) == work.kernels == 2
+    # a small node is not predicted at ~0: at least one overhead per kernel
+    assert compute_times(ng, node, [(-1,)], _params(overhead=3e-6, bandwidth=1e30))[0] >= 6e-6
+
+
+def test_an_elementwise_result_read_by_one_reduction_is_computed_inside_it():
+    """sum(y * y) after y = x @ W: the product y*y joins the dot's node but has one reader, a
+    reduction, which recomputes it (XLA's producer-consumer fusion): the epilogue writes nothing
+    and costs no launch, and the reduction reads y."""
+    from jaxpar.cost import node_kernels, node_work, recomputed
+
+    ng = _tiny_program(lambda x, w: ((x @ w) * (x @ w)).sum(), (4, 8), (8, 16))
+    node = _node_of(ng, "dot_general")
+    square = next(e for e in ng.program.eqns if e.primitive in ("mul", "integer_pow", "square"))
+    assert recomputed(ng.program, square.outputs[0])
+    reduce = _node_of(ng, "reduce_sum")
+    (kernel,) = node_kernels(ng, reduce)
+    T = ng.program.tensors
+    assert [T[s].shape for s, _, _ in kernel.reads] == [(4, 16)] * len(kernel.reads)
+    assert [k.runs for k in node_kernels(ng, node)] == [True, False]
+    assert node_work(ng, node, [(-1,)], _params()).kernels == 1
+
+
+def test_saturation_curve():
+    """rate = peak · f / (f + f_half): half the peak at f_half; time (f + f_half) / peak, so a
+    split into n shards runs in (f / n + f_half) / peak, not f / (n · peak)."""
+    from jaxpar.cost import saturated_rate
+
+    peak, half = 1e12, 4e9
+    assert saturated_rate(half, peak, half) == pytest.approx(peak / 2)
+    assert saturated_rate(1e18, peak, half) == pytest.approx(peak, rel=1e-8)
+    assert saturated_rate(1e9, peak, 0.0) == pytest.approx(peak)
+    for f in (1e6, 1e9, 1e12):
+        assert f / saturated_rate(f, peak, half) == pytest.approx((f + half) / peak)
+
+
+def test_small_contractions_run_below_peak_with_datasheet_numbers():
+    """Without a calibration a matrix product's shard runs at the saturated peak
+    (f_half = peak · half_rate_time), so splitting it is not free; elementwise work at the peak."""
+    params = _params(half_rate_time=4e-6, peak=1e12)
+    f = np.array([1e6, 4e6, 1e12])
+    assert np.allclose(params.flops_rates("float32", "dot_general", f), 1e12 * f / (f + 4e6))
+    assert params.flops_rates("float32", "add", f) == 1e12
+    assert _params().flops_rates("float32", "dot_general", f) == pytest.approx(1e12)
+
+
+def test_presets_carry_kernel_costs():
+    """Every preset prices kernels (docs: GPUs measured on an H100, CPU on the CI host)."""
+    from jaxpar.hardware import Cluster, mesh_axes
+
+    for name in ("p100", "dgx-h100", "cpu", "tpu-v5p", "accpar-tpu", "mixed-gpu"):
+        cluster = Cluster.preset(name)
+        axes = mesh_axes(cluster, ("d",), (cluster.num_devices,), None)
+        assert axes.kernel_overhead > 0 and axes.half_rate_time > 0
+    h100 = mesh_axes(Cluster.preset("dgx-h100"), ("d",), (8,), None)
+    assert h100.kernel_overhead == pytest.approx(4e-6)
+
+
+def test_conv_taps_fraction():
+    """3x3 SAME on 4x4: per spatial dim, of 4 · 3 taps, the 2 at the edges hit padding; the
+    input gradient of a stride-2 convolution (lhs dilation 2) skips the holes."""
+    import jax
+
+    from jaxpar.cost import conv_taps_fraction
+    from jaxpar.trace import trace
+
+    def conv(x, w, stride=(1, 1), dilation=(1, 1)):
+        return jax.lax.conv_general_dilated(
+            x, w, stride, ((1, 1), (1, 1)), lhs_dilation=dilation,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )  # fmt: skip
+
+    x, w = (
+        jax.ShapeDtypeStruct((1, 4, 4, 2), "float32"),
+        jax.ShapeDtypeStruct((3, 3, 2, 2), "float32"),
+    )
+    program, _ = trace(conv, (x, w))
+    (eqn,) = [e for e in program.eqns if e.primitive == "conv_general_dilated"]
+    assert conv_taps_fraction(program, eqn) == pytest.approx((10 / 12) ** 2)
+    program, _ = trace(lambda x, w: conv(x, w, dilation=(2, 2)), (x, w))
+    (eqn,) = [e for e in program.eqns if e.primitive == "conv_general_dilated"]
+    out = program.tensors[eqn.outputs[0]].shape[1]  # (4 - 1) * 2 + 1 = 7
+    taps = sum(0 <= o + j - 1 <= 6 and (o + j - 1) % 2 == 0 for o in range(out) for j in range(3))
+    assert conv_taps_fraction(program, eqn) == pytest.approx((taps / (3 * out)) ** 2)
+
+
+@pytest.mark.numerics
+def test_plan_work_matches_xla_cost_analysis_on_a_data_parallel_mlp():
+    """The predicted per-device FLOPs and bytes of a compiled plan agree with XLA's
+    cost_analysis (bytes less the collectives'), within 15 % (bench/compute_fidelity.py)."""
+    import jaxpar
+    import models
+    from jaxpar.cost import plan_work
+    from jaxpar.verify import compiled_collectives
+
+    ex = models.get("mlp", small=True)
+    step = jaxpar.auto_shard(ex.step, mesh=jaxpar.make_mesh({"data": 8}), strategy="data")
+    compiled = step.lower(*ex.args).compile()
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    comm = sum(2 * c.buffer_bytes for c in compiled_collectives(compiled))  # all-reduces
+    plan = step.plan
+    work = plan_work(plan.ng, plan.tables.configs, plan.assignment, plan.params)
+    assert work["flops"] == pytest.approx(analysis["flops"], rel=0.15)
+    assert work["bytes"] == pytest.approx(analysis["bytes accessed"] - comm, rel=0.15)
+    assert work["seconds"] == pytest.approx(plan.cost.compute_s)

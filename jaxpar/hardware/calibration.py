@@ -6,6 +6,7 @@ A calibration file replaces datasheet numbers with numbers measured on the devic
   their size (`ThroughputCurve`: (FLOPs of one call, achieved FLOP/s) points, interpolated in
   log-log space);
 - the memory bandwidth of a large elementwise op;
+- the fixed time of one kernel (a chain of tiny unfusable ops: seconds per kernel);
 - per mesh axis and collective kind, the latency α and bandwidth β fitted to a message-size
   sweep (`CollectiveFit`: t = α + bytes sent per device / β), and one joint fit of the axis in
   the cost model's own form (`AxisCalibration`: t = latency · ring_steps(kind, n) + bytes / bw).
@@ -28,7 +29,8 @@ import numpy as np
 from ..collectives import KINDS, ring_steps
 
 FORMAT = "jaxpar.calibration"  # the file's "format" field
-VERSION = 1  # the file's "version" field; load refuses others
+VERSION = 2  # the file's "version" field written; 2 added "kernel_overhead"
+READ_VERSIONS = (1, 2)  # versions load accepts (a version 1 file has no kernel overhead)
 MATMUL = "matmul"  # ThroughputCurve kinds: dot_general ...
 CONV = "conv"  # ... and conv_general_dilated
 
@@ -126,6 +128,9 @@ class Calibration:
     memory_bytes: float | None  # device memory capacity jax reported; None if it reports none
     axes: tuple[AxisCalibration, ...]  # mesh axes of size >= 2, mesh order
     quick: bool = False  # the few-sizes smoke run (tests); its numbers are rough
+    # Seconds one kernel costs beyond its work (launch, ramp-up): the slope of a chain of tiny
+    # ops per kernel (`measure.kernel_overhead`). None: not measured (a version 1 file).
+    kernel_overhead: float | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("matmul", "conv"):
@@ -136,6 +141,8 @@ class Calibration:
             raise ValueError("a calibration needs a float32 matmul curve")
         if not self.memory_bandwidth > 0 or self.num_devices < 1:
             raise ValueError("a calibration needs memory_bandwidth > 0 and num_devices >= 1")
+        if self.kernel_overhead is not None and not self.kernel_overhead >= 0:
+            raise ValueError("a calibration's kernel_overhead must be >= 0")
 
     @property
     def source(self) -> str:
@@ -150,6 +157,14 @@ class Calibration:
             if dtype in table:
                 return table[dtype]
         return dict(self.matmul)["float32"]
+
+    def measured_kernel_overhead(self) -> float:
+        """Seconds per kernel: the measured `kernel_overhead`, else (a version 1 file) the time
+        of the smallest measured product or convolution, which is all launch and ramp-up."""
+        if self.kernel_overhead is not None:
+            return self.kernel_overhead
+        firsts = [c.points[0] for _, c in (*self.matmul, *self.conv)]
+        return min(f / r for f, r in firsts)
 
     def peak_flops(self) -> dict[str, float]:
         """The best matmul rate measured per dtype (the calibrated cluster's peak)."""
@@ -179,6 +194,7 @@ class Calibration:
             "quick": self.quick,
             "matmul": {d: [list(p) for p in c.points] for d, c in self.matmul},
             "conv": {d: [list(p) for p in c.points] for d, c in self.conv},
+            "kernel_overhead": self.kernel_overhead,
             "memory": {
                 "bandwidth": self.memory_bandwidth,
                 "points": [list(p) for p in self.memory_points],
@@ -302,10 +318,12 @@ def _parse(doc: Any) -> Calibration:
         raise ValueError(f"the top level must be an object, not {type(doc).__name__}")
     if doc.get("format") != FORMAT:
         raise ValueError(f"format is {doc.get('format')!r}, expected {FORMAT!r}")
-    if doc.get("version") != VERSION:
+    if doc.get("version") not in READ_VERSIONS:
         raise ValueError(
-            f"version {doc.get('version')!r} is not supported (this jaxpar reads {VERSION})"
+            f"version {doc.get('version')!r} is not supported (this jaxpar reads "
+            f"{', '.join(map(str, READ_VERSIONS))})"
         )
+    overhead = doc.get("kernel_overhead")
     memory = _obj(doc["memory"], "memory")
     capacity = memory.get("capacity")
     return Calibration(
@@ -321,6 +339,7 @@ def _parse(doc: Any) -> Calibration:
         memory_points=_pairs(memory.get("points", []), "memory.points"),
         memory_bytes=None if capacity is None else _positive(capacity, "memory.capacity"),
         axes=tuple(_axis(a, f"axes[{i}]") for i, a in enumerate(_list(doc["axes"], "axes"))),
+        kernel_overhead=None if overhead is None else _nonnegative(overhead, "kernel_overhead"),
     )
 
 

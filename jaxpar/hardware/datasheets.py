@@ -72,6 +72,19 @@ class SlicePreset:
     summary: str  # one line for error messages and `jaxpar clusters`
 
 
+# Per-kernel costs (`DeviceSpec.kernel_overhead`, `DeviceSpec.half_rate_time`; docs/design.md,
+# "Compute t_C"). GPUs, measured on one H100 (bench/results/calibration_h100.json, jax 0.11.2): in
+# a chain of dependent products a 128³ product takes 3.0 (bfloat16) to 4.3 (float32) us, whatever
+# its 4 MFLOP; bfloat16 products reach half their best rate (380 of 760 TFLOP/s) near 4.5e9
+# FLOPs, about 6 us of work at that rate. Other NVIDIA GPUs: approximate, the H100's numbers.
+_GPU_KERNEL = {"kernel_overhead": 4 * US, "half_rate_time": 6 * US}
+# approximate (not measured): XLA:TPU runs one fused program per step, ~1 us per op.
+_TPU_KERNEL = {"kernel_overhead": 1 * US, "half_rate_time": 2 * US}
+# XLA:CPU: ~0.25 us per fused computation (thunk), measured on this repository's 2-core CI host
+# (`measure.kernel_overhead`, jax 0.10.2); the saturation is assumed.
+_CPU_KERNEL = {"kernel_overhead": 0.25 * US, "half_rate_time": 1 * US}
+
+
 # P100: NVIDIA Tesla P100 datasheet (SXM2 16GB); the paper's cluster is OptCNN §6
 # "Experimental setup": 4 nodes x 4 P100, NVLink inside a node, 100 Gb/s EDR InfiniBand.
 _P100 = NodePreset(
@@ -86,6 +99,7 @@ _P100 = NodePreset(
         },
         mem_bandwidth=732 * GB,  # datasheet: CoWoS HBM2 at 732 GB/s
         memory_bytes=16 * GB,  # datasheet "16 GB" (decimal: a little under the usable size)
+        **_GPU_KERNEL,
         source="NVIDIA Tesla P100 (SXM2) datasheet",
     ),
     node_link=LinkLevel(
@@ -131,6 +145,7 @@ _DGX_H100 = NodePreset(
         },
         mem_bandwidth=3.35e12,  # datasheet: HBM3 at 3.35 TB/s
         memory_bytes=80 * GB,  # datasheet: 80 GB
+        **_GPU_KERNEL,
         source="NVIDIA H100 datasheet (SXM5; dense tensor-core rates)",
     ),
     node_link=LinkLevel(
@@ -171,6 +186,7 @@ _CPU = NodePreset(
         },
         mem_bandwidth=20 * GB,  # assumed: one DDR4/DDR5 channel's worth per device
         memory_bytes=4 * GB,  # assumed share of host RAM per fake device
+        **_CPU_KERNEL,
         source="assumed modest host-CPU numbers (not measured)",
     ),
     node_link=LinkLevel(
@@ -199,6 +215,7 @@ _GENERIC_ACCELERATOR = NodePreset(
         },
         mem_bandwidth=1555 * GB,  # A100 PCIe 40GB datasheet
         memory_bytes=40 * GB,  # A100 PCIe 40GB datasheet
+        **_GPU_KERNEL,
         source="placeholder (A100 PCIe 40GB datasheet) for an unrecognised device kind",
     ),
     node_link=LinkLevel(
@@ -231,6 +248,7 @@ _TPU_V2_BOARD = DeviceSpec(
     # Table 7: 2400 GB/s (= 4 chips x 600 GB/s, the Cloud TPU v2 per-chip figure).
     mem_bandwidth=2400 * GB,
     memory_bytes=64 * GB,  # Table 7: "64GB" HBM (4 chips x 16 GiB)
+    **_TPU_KERNEL,
     source="AccPar Table 7 / §6.1 (per board of 4 chips; Cloud TPU v2: 45 TFLOP/s, 16 GiB, "
     "600 GB/s per chip)",
 )
@@ -241,6 +259,7 @@ _TPU_V3_BOARD = DeviceSpec(
     # page now gives 900 GB/s per chip, i.e. 3600 GB/s per board. We keep the paper's number.
     mem_bandwidth=4800 * GB,
     memory_bytes=128 * GB,  # Table 7: "128GB" HBM (4 chips x 32 GiB)
+    **_TPU_KERNEL,
     source="AccPar Table 7 / §6.1 (per board of 4 chips; 4800 GB/s is the paper's assumption, "
     "Cloud TPU v3 gives 900 GB/s per chip)",
 )
@@ -297,6 +316,7 @@ _A100_SXM4_80GB = DeviceSpec(
     },
     mem_bandwidth=2039 * GB,  # datasheet: HBM2e at 2,039 GB/s (80GB SXM)
     memory_bytes=80 * GB,  # datasheet: 80 GB
+    **_GPU_KERNEL,
     source="NVIDIA A100 datasheet (SXM4 80GB; dense tensor-core rates)",
 )
 _MIXED_A100 = DeviceGroup(
@@ -404,6 +424,7 @@ _B200 = DeviceSpec(
     },
     mem_bandwidth=8e12,  # 64 TB/s per DGX / 8 = 8 TB/s HBM3e
     memory_bytes=180 * GB,  # 1,440 GB per DGX / 8
+    **_GPU_KERNEL,
     source="NVIDIA DGX B200 datasheet / 8 (dense tensor rates = half the sparse ones); "
     "approximate: FP32 and FP64 (HGX B200 figures vary with the power limit)",
 )
@@ -439,6 +460,7 @@ def _tpu_chip(name: str, bf16: float, hbm_bandwidth: float, hbm: float, source: 
         peak_flops={"bfloat16": bf16, "float32": bf16},
         mem_bandwidth=hbm_bandwidth,
         memory_bytes=hbm,
+        **_TPU_KERNEL,
         source=source + "; float32 at the bf16 rate (XLA's default matmul precision)",
     )
 

@@ -32,6 +32,12 @@ class DeviceSpec:
     mem_bandwidth: float  # bytes/s of device memory (HBM/DRAM)
     memory_bytes: float  # device memory capacity in bytes
     source: str = ""  # where these numbers come from; shown by Cluster.describe
+    # Seconds every kernel (one fused XLA computation or library call) costs beyond its roofline
+    # time: launch, ramp-up and tail (`cost.kernel_time`). 0: not modelled.
+    kernel_overhead: float = 0.0
+    # A contraction of f FLOPs runs at peak · f / (f + f_half), f_half = peak · half_rate_time:
+    # the FLOPs the device does at peak in this time (`cost.saturated_rate`). 0: the peak.
+    half_rate_time: float = 0.0
 
     def __post_init__(self) -> None:
         pairs = self.peak_flops.items() if isinstance(self.peak_flops, Mapping) else self.peak_flops
@@ -41,6 +47,8 @@ class DeviceSpec:
             raise ValueError(f"device {self.name!r}: peak_flops needs a 'float32' entry")
         if any(v <= 0 for _, v in table) or self.mem_bandwidth <= 0 or self.memory_bytes <= 0:
             raise ValueError(f"device {self.name!r}: speeds and memory must be positive")
+        if self.kernel_overhead < 0 or self.half_rate_time < 0:
+            raise ValueError(f"device {self.name!r}: kernel times must be >= 0")
 
     def flops(self, dtype: object) -> float:
         """Peak FLOP/s for `dtype` (a name such as "bfloat16", or a numpy-compatible dtype).

@@ -48,6 +48,10 @@ class MeshAxes:
     # The calibrated cluster's measurements: its throughput curves price compute
     # (`cost.CostParams.flops_rates`). None: the datasheet peaks.
     calibration: Calibration | None = None
+    # Per-kernel costs of the mesh's slowest device (`kernel_costs`), for `cost.CostParams`:
+    # seconds each kernel costs beyond its roofline, and the contraction saturation time.
+    kernel_overhead: float = 0.0
+    half_rate_time: float = 0.0
 
     @property
     def num_devices(self) -> int:
@@ -110,6 +114,7 @@ def mesh_axes(
             link_names[a] += " (measured)"
             measured.append(a)
     merged = _merged_group_bandwidths(cluster, sizes, positions)
+    overhead, half_rate = kernel_costs(cluster, positions)
     return MeshAxes(
         names=names,
         sizes=sizes,
@@ -120,7 +125,26 @@ def mesh_axes(
         group_bandwidth=tuple(e for e in merged if not set(e[0]) & set(measured)),
         measured_axes=tuple(measured),
         calibration=calibration,
+        kernel_overhead=overhead,
+        half_rate_time=half_rate,
     )
+
+
+def kernel_costs(cluster: Cluster, positions: np.ndarray) -> tuple[float, float]:
+    """(kernel overhead, half-rate time) in seconds of the slowest device at `positions`.
+
+    The maximum over the device kinds present of `DeviceSpec.kernel_overhead` and
+    `DeviceSpec.half_rate_time` (datasheet numbers); on a calibrated cluster the overhead is the
+    measured one (`Calibration.measured_kernel_overhead`).
+    """
+    groups = cluster.all_groups()
+    present = np.unique(cluster.group_ids()[np.asarray(positions).reshape(-1)]).tolist()
+    specs = [groups[g].device for g in present]
+    overhead = max(spec.kernel_overhead for spec in specs)
+    half_rate = max(spec.half_rate_time for spec in specs)
+    if cluster.calibration is not None:
+        overhead = cluster.calibration.measured_kernel_overhead()
+    return overhead, half_rate
 
 
 def cost_sources(axes: MeshAxes, cluster: Cluster) -> str:
