@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from .configs import Config, dim_degrees, shard_count, spec_of
-from .graph import BACKWARD, FORWARD, UPDATE
+from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE
 from .nodes import NodeGraph
 from .reshard import SLICE, reshard_path
 from .rules import ELEMENTWISE
@@ -345,7 +345,9 @@ class MemoryModel:
 
         An input node: its argument's shard (not the batch: every plan splits it alike). Any
         other node: its buffers read in a later phase (activations saved for the backward pass,
-        gradients read by the update), each over the shard count of its layout.
+        gradients read by the update), each over the shard count of its layout. A scan's slice
+        node also holds the stacked xs in the layout it reads them: resharded before the loop
+        (a whole stack gathered at once, FSDP undone), that copy lives through every iteration.
         """
         if node in self._node_bytes:
             return self._node_bytes[node]
@@ -368,6 +370,15 @@ class MemoryModel:
                 if m is not None:
                     shards = shards * D[:, m]
             out += tensor.nbytes / shards
+        if nd.anchor >= 0 and inp.ng.program.eqns[nd.anchor].primitive == SCAN_SLICE:
+            stacked = inp.ng.program.eqns[nd.anchor].inputs[0]
+            mp = nd.members[0].in_maps[0]
+            if stacked is not None and mp is not None:
+                shards = np.ones(len(cfgs))
+                for m in mp:
+                    if m is not None:
+                        shards = shards * D[:, m]
+                out += inp.ng.program.tensors[stacked].nbytes / shards
         self._node_bytes[node] = out
         return out
 
