@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from .collectives import ALL_REDUCE, transfer_time
+from .collectives import ALL_REDUCE, ring_steps
 from .combine import COMBINERS, AllReduceItem, Combiner, group_all_reduces, item_dependencies
 from .configs import spec_of, split_axes
 from .cost import CostParams, node_collectives, node_dtype, node_price
@@ -147,11 +147,11 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             row["bytes"] += c.nbytes * trips
             axes = tuple(mesh.names[x] for x in c.axes)
             if c.kind == ALL_REDUCE and c.group_size > 1:
-                n, bw, lat = mesh.group(c.axes)
+                n, _, lat = mesh.group(c.axes)
                 key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
                 buffer = c.nbytes * n / (2 * (n - 1))  # ring bytes 2(n-1)/n · buffer
                 item = AllReduceItem(node.anchor, (*key, node.region), buffer)
-                items.append((len(colls), item, transfer_time(ALL_REDUCE, 0.0, n, bw, lat)))
+                items.append((len(colls), item, lat * ring_steps(ALL_REDUCE, n)))
             own_of[v].append(len(colls))
             colls.append(
                 Collective(

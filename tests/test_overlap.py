@@ -72,4 +72,4 @@ def test_overlapped_step_lies_between_compute_and_eq1(name):
         assert c.combined_step_s <= c.step_s * (1 + 1e-12)
         if strategy == "data":  # some gradient synchronization runs beside backward compute
             hidden = c.combined_step_s - c.overlapped_step_s
-            assert hidden > 0.05 * min(c.compute_s, c.sync_s), c
+            assert hidden > 0.05 * min(c.compute_s, c.combined_step_s - c.compute_s), c
