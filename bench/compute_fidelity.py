@@ -41,7 +41,8 @@ import models
 from jaxpar.configs import dim_degrees
 from jaxpar.cost import plan_work
 from jaxpar.graph import REGION_PRIMITIVES
-from jaxpar.verify import compiled_collectives, shape_bytes
+from jaxpar.hlo_text import shape_bytes
+from jaxpar.verify import compiled_collectives
 
 MESHES = [{"data": 8}, {"data": 2, "model": 4}, {"a": 2, "b": 2, "c": 2}]
 NUMERICS = ["mlp", "gpt_small", "cnn", "llama_small"]  # tests/test_numerics.py's models

@@ -72,7 +72,7 @@ def test_reshape_maps_major_dims():
 PURE_CORE = (
     "graph", "opspace", "rules", "rules_indexing", "rules_loops", "nodes", "labels", "configs",
     "collectives", "reshard", "cost", "tables", "blocks", "combine", "overlap",
-    "search", "kcut", "baselines", "evaluate", "memory", "budget", "verify", "hardware",
+    "search", "kcut", "baselines", "evaluate", "memory", "budget", "verify", "hlo_text", "hardware",
     "hardware.devices",
     "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
     "hardware.speeds", "hardware.calibration",

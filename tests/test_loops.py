@@ -13,8 +13,9 @@ import pytest
 
 import jaxpar
 from jaxpar.blocks import Tying, block_of
+from jaxpar.hlo_text import computation_runs
 from jaxpar.search import Problem, brute_force, evaluate, solve_exact
-from jaxpar.verify import computation_runs, fidelity, parse_collectives
+from jaxpar.verify import fidelity, parse_collectives
 
 MESHES = [{"d": 8}, {"a": 2, "b": 4}, {"a": 2, "b": 2, "c": 2}]
 

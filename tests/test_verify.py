@@ -16,6 +16,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar.hlo_text import shape_bytes
 from jaxpar.verify import (
     HloCollective,
     collective_summary,
@@ -23,7 +24,6 @@ from jaxpar.verify import (
     module_device_count,
     parse_collectives,
     replica_group_size,
-    shape_bytes,
 )
 
 pytestmark = pytest.mark.closed_form
