@@ -151,14 +151,17 @@ def mesh_text(mesh: dict[str, int]) -> str:
     return ",".join(f"{name}={size}" for name, size in mesh.items())
 
 
-def parse_dtype(text: str) -> str:
-    """A dtype name the models train in (`DTYPES`, or an alias such as ``bf16``)."""
+def parse_dtype(text: str, allowed: tuple[str, ...] = (), purpose: str = "") -> str:
+    """A dtype name in ``allowed`` (default `DTYPES`, what the models train in), or an alias
+    such as ``bf16``; ``purpose`` says what the dtype is for in the error."""
+    allowed = allowed or DTYPES
     key = text.strip().lower()
     name = DTYPE_ALIASES.get(key, key)
-    if name not in DTYPES:
+    if name not in allowed:
         raise ValueError(
-            f"unknown dtype {text!r}{did_you_mean(text, DTYPES)}: the models train in "
-            f"{', '.join(DTYPES)} (aliases: {', '.join(DTYPE_ALIASES)})"
+            f"unknown dtype {text!r}{did_you_mean(text, allowed)}: "
+            f"{purpose or 'the models train in'} {', '.join(allowed)} "
+            f"(aliases: {', '.join(DTYPE_ALIASES)})"
         )
     return name
 
@@ -168,14 +171,7 @@ CALIBRATION_DTYPES = ("float32", "bfloat16", "float16")  # what jaxpar calibrate
 
 def parse_calibration_dtype(text: str) -> str:
     """``jaxpar calibrate --dtype``: one of `CALIBRATION_DTYPES` (or an alias such as ``bf16``)."""
-    key = text.strip().lower()
-    name = DTYPE_ALIASES.get(key, key)
-    if name not in CALIBRATION_DTYPES:
-        raise ValueError(
-            f"calibrate measures dtypes {', '.join(CALIBRATION_DTYPES)}, not {text!r}"
-            f"{did_you_mean(text, CALIBRATION_DTYPES)}"
-        )
-    return name
+    return parse_dtype(text, CALIBRATION_DTYPES, "calibrate measures")
 
 
 def parse_batch(text: str) -> int:
