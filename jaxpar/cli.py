@@ -454,8 +454,9 @@ def _add_plan(sub: Any) -> None:
     choices = (
         ("strategy", STRATEGY_CHOICES, "auto", "auto: the search (default); data, model, owt: the "
          "baselines; hypar: HyPar's space; all: auto and the three baselines side by side"),
-        ("objective", OBJECTIVE_CHOICES, "time", "time: predicted step time (default); comm: "
-         "bytes moved (SoyBean's)"),
+        ("objective", OBJECTIVE_CHOICES, "time", "time: predicted step time, OptCNN Eq. 1 "
+         "(default); comm: bytes moved (SoyBean's); overlap: the step with communication "
+         "overlapped with compute"),
         ("search", SEARCH_CHOICES, "elimination", "joint elimination (OptCNN, default) or "
          "SoyBean's k-cut; the report shows both"),
     )  # fmt: skip

@@ -52,7 +52,7 @@ def positive_steps(text: str) -> int:
 
 
 STRATEGY_CHOICES = ("auto", "data", "model", "owt", "fsdp", "fsdp_tp", "hypar", "all")
-OBJECTIVE_CHOICES = ("time", "comm")
+OBJECTIVE_CHOICES = ("time", "comm", "overlap")
 SEARCH_CHOICES = ("elimination", "kcut")
 # --strategy all: the search and the baselines, side by side
 ALL_STRATEGIES = ("auto", "data", "model", "owt", "fsdp", "fsdp_tp")

@@ -27,7 +27,7 @@ from .hardware.mesh_model import MeshAxes
 from .nodes import Node, NodeGraph
 from .rules import ELEMENTWISE, DimMap
 
-OBJECTIVES = ("time", "comm")  # OptCNN Eq. 1 seconds, or SoyBean's bytes moved
+OBJECTIVES = ("time", "comm", "overlap")  # Eq. 1 s, SoyBean bytes, two-stream step s
 # primitives priced by a calibration's throughput curves, and the curve kind of each
 MEASURED_PRIMITIVES = {"dot_general": MATMUL, "conv_general_dilated": CONV}
 # Equations XLA runs as a library call of their own (cuBLAS/cuDNN, Eigen/oneDNN, the MXU), with

@@ -18,7 +18,11 @@ class PlannerOptions:
 
     - ``strategy``: "auto" (the search), "hypar" (the search over HyPar's Type-I/II space), or a
       fixed baseline "data", "model", "owt".
-    - ``objective``: "time" (OptCNN Eq. 1) or "comm" (SoyBean's bytes moved).
+    - ``objective``: "time" (OptCNN Eq. 1), "comm" (SoyBean's bytes moved), or "overlap" (the
+      step with communication on its own stream, `overlap`): the searches minimize Eq. 1, its
+      certified upper bound, and the plan is the candidate (each search's plans, their bounds'
+      minimizers, the baselines) with the shortest overlapped step; ``optimal`` then compares
+      it with `choose.overlap_lower_bound`.
     - ``search``: "elimination" (joint DP over all mesh axes, OptCNN Alg. 1) or "kcut"
       (SoyBean's k-cut: one exact DP per mesh axis, slowest link first). The other search runs
       too on the same tables, and `Plan.comparison()` shows both, unless ``compare_searches``

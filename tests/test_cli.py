@@ -110,6 +110,17 @@ def test_plan_abstract_4096_devices(capsys):
     assert "cluster=p100" in out
 
 
+@pytest.mark.api
+def test_plan_for_the_overlapped_step(capsys):
+    """``--objective overlap``: the strategies compared by their overlapped steps."""
+    rc, out, _ = run_cli(
+        ["plan", "lenet5", "--mesh", "node=2,gpu=2", "--objective", "overlap"], capsys
+    )
+    assert rc == 0
+    assert "objective=overlap" in out
+    assert "overlap ms" in out and "the plan is the candidate with the shortest one" in out
+
+
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     """`main(argv)` in this process: exit status, stdout, stderr."""
     rc = main(argv)
@@ -166,7 +177,7 @@ BAD_PLAN_INPUT = [
     # choices, with the nearest one suggested
     (["lenet5", "--mesh", "a=4", "--strategy", "daat"], ["'daat' (did you mean 'data'?)"]),
     (["lenet5", "--mesh", "a=4", "--strategy", "fast"], ["'fast'", "auto, data, model, owt"]),
-    (["lenet5", "--mesh", "a=4", "--objective", "speed"], ["'speed'", "time, comm"]),
+    (["lenet5", "--mesh", "a=4", "--objective", "speed"], ["'speed'", "time, comm, overlap"]),
     (["lenet5", "--mesh", "a=4", "--search", "kcuts"], ["did you mean 'kcut'?"]),
     # outputs that cannot be written: found before planning, not after
     (["lenet5", "--mesh", "a=4", "--json", "/no/such/dir/p.json"], ["'/no/such/dir' does not"]),

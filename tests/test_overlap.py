@@ -73,3 +73,77 @@ def test_overlapped_step_lies_between_compute_and_eq1(name):
         if strategy == "data":  # some gradient synchronization runs beside backward compute
             hidden = c.combined_step_s - c.overlapped_step_s
             assert hidden > 0.05 * min(c.compute_s, c.combined_step_s - c.compute_s), c
+
+
+def _tiny_step():
+    """A two-layer MLP train step (SGD), small enough to sample its whole space."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(params, batch):
+        def loss_fn(p):
+            h = jnp.tanh(batch["x"] @ p["w1"])
+            return jnp.mean((h @ p["w2"] - batch["y"]) ** 2)
+
+        grads = jax.grad(loss_fn)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+    f32 = jnp.float32
+    params = {
+        "w1": jax.ShapeDtypeStruct((64, 128), f32),
+        "w2": jax.ShapeDtypeStruct((128, 32), f32),
+    }
+    batch = {"x": jax.ShapeDtypeStruct((256, 64), f32), "y": jax.ShapeDtypeStruct((256, 32), f32)}
+    return step, params, batch
+
+
+@pytest.mark.oracle
+def test_overlap_lower_bound_is_below_every_sampled_plan():
+    """`choose.overlap_lower_bound` (Σ over nodes of the least t_C) is at most the overlapped
+    step of every plan (2,000 sampled, the baselines, and the plan of least compute, which
+    reaches it on the compute stream), and the chosen plan is the shortest candidate."""
+    from jaxpar.evaluate import evaluate
+
+    step, params, batch = _tiny_step()
+    plan = jaxpar.plan(step, params, batch, mesh={"data": 4}, cluster="p100", objective="overlap")
+    ctx, lower = plan.eval_context(), plan.lower_bound
+    assert lower is not None and plan.evaluation.objective == plan.cost.overlapped_step_s
+    rs = np.random.RandomState(0)
+    sizes = [len(u) for u in plan.problem.unary]
+    assert np.prod(sizes, dtype=float) > 1e4  # a space worth sampling
+    least = [int(np.argmin(c)) for c in plan.tables.compute]
+    samples = [least] + [[int(rs.randint(n)) for n in sizes] for _ in range(2000)]
+    steps = [evaluate(ctx, a).cost for a in samples]
+    assert steps[0].compute_s == pytest.approx(lower, rel=1e-12)
+    assert min(c.overlapped_step_s for c in steps) >= lower * (1 - 1e-12)
+    for _, ev in plan.choice.baselines.values():
+        assert plan.cost.overlapped_step_s <= ev.cost.overlapped_step_s * (1 + 1e-12)
+        assert ev.cost.overlapped_step_s >= lower * (1 - 1e-12)
+
+
+@pytest.mark.closed_form
+@pytest.mark.parametrize("name", ["gpt_small", "cnn"])
+def test_overlap_objective_is_never_slower_than_the_eq1_plan_overlapped(name):
+    """objective="overlap" runs the same searches (certified on Eq. 1) and keeps the candidate
+    with the shortest overlapped step: never longer than the Eq. 1 plan's or a baseline's."""
+    ex = models.get(name, small=True)
+    kw = dict(mesh={"node": 2, "gpu": 4}, cluster="p100")
+    eq1 = jaxpar.plan(ex.step, *ex.args, **kw)
+    ovl = jaxpar.plan(ex.step, *ex.args, objective="overlap", **kw)
+    assert ovl.cost.overlapped_step_s <= eq1.cost.overlapped_step_s * (1 + 1e-12)
+    for _, ev in ovl.choice.baselines.values():
+        assert ovl.cost.overlapped_step_s <= ev.cost.overlapped_step_s * (1 + 1e-12)
+    assert ovl.choice.step_lower_bound == eq1.lower_bound  # the Eq. 1 certificate, kept
+    assert ovl.lower_bound <= ovl.cost.compute_s * (1 + 1e-12)
+    report = ovl.report()
+    assert "overlapped step (its compute stream alone)" in report
+    assert "overlap ms" in report
+
+
+@pytest.mark.closed_form
+def test_overlap_objective_on_one_device_is_certified():
+    """One device: no communication, so the overlapped step is the least compute: certified."""
+    step, params, batch = _tiny_step()
+    plan = jaxpar.plan(step, params, batch, mesh={"data": 1}, cluster="p100", objective="overlap")
+    assert plan.optimal
+    assert plan.cost.overlapped_step_s == pytest.approx(plan.lower_bound, rel=1e-9)
