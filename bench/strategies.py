@@ -267,11 +267,15 @@ def cost_entry(plan, global_batch: int) -> dict:
 # ---------------------------------------------------------------------------- runs
 
 
+OBJECTIVE = ["time"]  # --objective: the planner's objective for every plan of the run
+
+
 def plan_case(ex, n: int, cluster=None, strategy: str = "auto", in_specs=None):
     cluster = cluster or jaxpar.Cluster.preset("p100", devices=n)
     return jaxpar.plan(
-        ex.step, *ex.args, mesh=MESHES[n], cluster=cluster, strategy=strategy, in_specs=in_specs
-    )
+        ex.step, *ex.args, mesh=MESHES[n], cluster=cluster, strategy=strategy, in_specs=in_specs,
+        objective=OBJECTIVE[0],
+    )  # fmt: skip
 
 
 def owt_pins(owt_plan, state_spec):
@@ -303,6 +307,7 @@ def run(args) -> dict:
         "cluster": "p100",
         "per_gpu_batch": PER_GPU_BATCH,
         "dtype": "float32",
+        "objective": OBJECTIVE[0],
         "meshes": {str(n): m for n, m in MESHES.items()},
         "paper": PAPER,
         "models": {},
@@ -1096,11 +1101,15 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", type=int, default=list(GPUS))
     parser.add_argument("--no-sensitivity", action="store_true")
     parser.add_argument(
+        "--objective", default="time", help="time (OptCNN Eq. 1, the paper's) or overlap"
+    )
+    parser.add_argument(
         "--from-json",
         default=None,
         help="redraw the figures (--png, --plots) and .md from an earlier --json",
     )
     args = parser.parse_args()
+    OBJECTIVE[0] = args.objective
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)

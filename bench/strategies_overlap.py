@@ -4,11 +4,17 @@ Reads the JSON of `bench/strategies.py` (every plan's `PlanCost` fields are in i
 per model, auto against the best other strategy at 16 GPUs (and the maximum over GPU counts) and
 the scaling from 1 to 16 GPUs, with each of `step_s` (OptCNN Eq. 1), `combined_step_s` (latency
 once per combined all-reduce) and `overlapped_step_s` (communication on its own stream). The
-plans are the same in all three columns: the search minimizes Eq. 1.
+plans are the same in these three rows: the search minimizes Eq. 1. With ``--chosen`` (a run of
+`bench/strategies.py --objective overlap`) a fourth row gives the overlapped step of the plans
+chosen for it (`objective="overlap"`).
 
     python bench/strategies.py --json bench/results/strategies_overlap.json \\
         --md bench/results/strategies_overlap_full.md
+    python bench/strategies.py --objective overlap --no-sensitivity \\
+        --json bench/results/strategies_overlap_objective.json \\
+        --md bench/results/strategies_overlap_objective_full.md
     python bench/strategies_overlap.py bench/results/strategies_overlap.json \\
+        --chosen bench/results/strategies_overlap_objective.json \\
         --md bench/results/strategies_overlap.md
 """
 
@@ -45,9 +51,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("json_path")
     parser.add_argument("--md", default=None)
+    parser.add_argument("--chosen", default=None, help="JSON of a --objective overlap run")
     args = parser.parse_args()
     with open(args.json_path) as f:
         data = json.load(f)
+    chosen = {"models": {}}
+    if args.chosen:
+        with open(args.chosen) as f:
+            chosen = json.load(f)
     lines = [
         "# OptCNN Figures 7-8 under Eq. 1, combined and overlapped step models",
         "",
@@ -59,8 +70,11 @@ def main() -> None:
         "|---|---|---|---|---|",
     ]
     for model, entry in data["models"].items():
-        for key, label in STEPS.items():
-            at16, best, peak, sa, sb = summarize(entry["cases"], key)
+        rows = [(entry, key, label) for key, label in STEPS.items()]
+        if model in chosen["models"]:
+            rows.append((chosen["models"][model], "overlapped_step_s", "overlapped, chosen for it"))
+        for cases, key, label in rows:
+            at16, best, peak, sa, sb = summarize(cases["cases"], key)
             paper = f"{PAPER[model][0]}; {PAPER[model][1]}" if model in PAPER else ""
             lines.append(
                 f"| {model} | {label} | {at16:.2f}x vs {best} ({peak:.2f}x) | "

@@ -70,3 +70,12 @@ def test_comm_objective_plans_apply():
     assert plan.objective == "comm"
     for cost in plan.baselines.values():
         assert plan.cost.comm_bytes <= cost.comm_bytes * (1 + 1e-9)
+
+
+def test_overlap_objective_plans_apply():
+    """Plans chosen for the overlapped step run like any other: equal to the unsharded step,
+    the compiled collectives as predicted, never longer overlapped than a baseline."""
+    plan = run_and_check("gpt_small", MESHES["2x4"], objective="overlap", cluster="dgx-h100")
+    assert plan.objective == "overlap"
+    for cost in plan.baselines.values():
+        assert plan.cost.overlapped_step_s <= cost.overlapped_step_s * (1 + 1e-9)
