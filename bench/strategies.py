@@ -730,6 +730,8 @@ def explanations(res: dict) -> list[str]:
     need = ("alexnet", "vgg16", "inception_v3")
     if not all(m in ms and {"1", "2", "4", "16"} <= set(ms[m]["cases"]) for m in need):
         return ["## Differences from the paper", "", "(needs all three models at 1-16 GPUs)"]
+    if not all("ib_unshared" in ms[m]["cases"]["16"] for m in need):
+        return ["## Differences from the paper", "", "(needs the sensitivity runs)"]
 
     def case(m, n="16"):
         return ms[m]["cases"][n]
