@@ -3,7 +3,9 @@
 Llama 3 8B and 70B (bf16 compute, fp32 master weights, AdamW) at 8, 64 and 256 H100s (DGX nodes
 of 8: meshes node=1/8/32 x gpu=8, dgx-h100 preset), global batch 256 x 4096 tokens, per-block
 remat off and on; Llama 3 70B on 64 H100s at 64 x 2048 tokens (the issue's goal: it fits in
-80 GB); GPT-2 1.3B (fp32, the zoo's default dtype, context 1024) at 8 and 64 H100s, batch 256.
+80 GB); GPT-2 1.3B (fp32, the zoo's default dtype, context 1024) at 8 and 64 H100s, batch 256;
+Gemma-7B's shape (`gemma_7b`: 8.54B parameters, 256k vocabulary tied, bf16 compute) at 8 and
+64 H100s, 256 x 4096 tokens, remat off and on.
 Every case is planned once with the default budget ("device": 80 GB less the 10 % reserve, i.e.
 72 GB), all abstract (ShapeDtypeStructs, dict meshes, nothing allocated, no devices). The hand
 plans are read from the same plan with ``plan.variant(...)`` (same trace, same tables, memory
@@ -23,6 +25,7 @@ results say so. Cases are run in priority order and skipped once ``--time-limit-
     python bench/memory.py              # everything; writes bench/results/memory.{json,md}
     python bench/memory.py --quick      # llama3_8b at 8 and 64 devices only; writes nothing
                                         # unless --json / --md are given
+    python bench/memory.py --merge --cases ID ...   # rerun those cases into the results
 """
 
 import argparse
@@ -69,6 +72,7 @@ def all_cases() -> list[dict]:
     out.append(case("llama3_70b", 64, True, 64, 2048))
     out.append(case("llama3_70b", 64, True, 256, 4096))
     out += [case("gpt2_1b3", d, False, GPT2_BATCH, 1024) for d in (8, 64)]
+    out += [case("gemma_7b", d, r, 256, 4096) for d in (8, 64) for r in (False, True)]
     out += [case("llama3_70b", d, r, 256, 4096) for d in (8, 256) for r in (False, True)]
     return out
 
@@ -78,7 +82,7 @@ def quick_cases() -> list[dict]:
 
 
 def display_key(c: dict) -> tuple:
-    order = {"llama3_8b": 0, "llama3_70b": 1, "gpt2_1b3": 2}
+    order = {"llama3_8b": 0, "llama3_70b": 1, "gemma_7b": 2, "gpt2_1b3": 3}
     return (order[c["model"]], -c["batch"] * c["seq_len"], c["devices"], c["remat"])
 
 
@@ -253,9 +257,9 @@ def markdown(res: dict) -> str:
         "",
         f"`{res['command']}` — jax {res['jax']}, {res['date']}, {res['machine']}. Cluster "
         f"{CLUSTER} (8 H100 80 GB per node), budget {res['budget_gb']:.0f} GB per device (80 GB "
-        "less the 10 % reserve). Llama: bf16 compute, fp32 master weights, AdamW; GPT-2 1.3B: "
-        "fp32, context 1024. Peaks and step times are the planner's predictions; planning "
-        "times are measured on this machine.",
+        "less the 10 % reserve). Llama and Gemma-7B's shape: bf16 compute, fp32 master "
+        "weights, AdamW; GPT-2 1.3B: fp32, context 1024. Peaks and step times are the "
+        "planner's predictions; planning times are measured on this machine.",
         "",
         "| model | devices | remat | batch × seq | plan s | auto peak GB | fits | auto step ms "
         "| budget bound | data GB / fits / ms | fsdp GB / fits / ms | fsdp_tp GB / fits / ms "
@@ -370,6 +374,11 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=None, help="case ids to run (subset)")
     parser.add_argument("--limit-70b-s", type=float, default=240.0)
     parser.add_argument("--time-limit-s", type=float, default=2700.0)
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --cases: replace those rows in bench/results/memory.{json,md}, keep the rest",
+    )
     args = parser.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     if not args.quick and not args.cases:
@@ -399,6 +408,14 @@ def main() -> None:
         print_row(r)
         if c["id"] == PROBE and r["plan_wall_s"] > args.limit_70b_s:
             slow_70b = True
+    merged_from = None
+    if args.merge:
+        args.json = args.json or os.path.join(here, "results", "memory.json")
+        args.md = args.md or os.path.join(here, "results", "memory.md")
+        with open(args.json) as f:
+            merged_from = json.load(f)
+        ran = {r["id"] for r in rows}
+        rows += [r for r in merged_from["rows"] if r["id"] not in ran]
     rows.sort(key=display_key)
     violations = [
         {"id": r["id"], "goal": k}
@@ -422,6 +439,9 @@ def main() -> None:
         "violations": violations,
         "rows": rows,
     }
+    if merged_from is not None:  # the earlier run's header, and what this one added
+        result["total_s"] += merged_from["total_s"]
+        result["command"] = f"{merged_from['command']}; then {result['command']}"
     print(f"total {result['total_s']:.0f} s; violations: {violations or 'none'}", flush=True)
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)

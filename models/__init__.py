@@ -19,15 +19,17 @@ nnx_gpt         GPT-2 124M written with flax.nnx                             124
 ==============  ===========================================================  ==========
 
 ``LARGE`` are Llama-3-style decoders (``models/llama.py``: RMSNorm, RoPE, grouped-query
-attention, SwiGLU, untied LM head; float32 master weights computing in the ``dtype`` passed,
-e.g. bfloat16).  They are kept out of ``NAMES`` because the suites over ``NAMES`` plan and
-compare every model; at full size use them abstractly only (``ex.args``, never ``make_args``):
+attention, SwiGLU, untied LM head; ``gemma_7b`` has Gemma's shape with GeGLU and a tied head;
+float32 master weights computing in the ``dtype`` passed, e.g. bfloat16).  They are kept out
+of ``NAMES`` because the suites over ``NAMES`` plan and compare every model; at full size use
+them abstractly only (``ex.args``, never ``make_args``):
 
 ==============  ===========================================================  ==========
 name            model                                                        parameters
 ==============  ===========================================================  ==========
 llama3_8b       Llama 3 8B: 32 x d4096, 32 heads / 8 KV heads, FFN 14336     8.03B
 llama3_70b      Llama 3 70B: 80 x d8192, 64 heads / 8 KV heads, FFN 28672    70.6B
+gemma_7b        Gemma 7B shape: 28 x d3072, 16 heads x 256, GeGLU, tied      8.54B
 ==============  ===========================================================  ==========
 
 CNNs train with SGD + momentum 0.9 (LeNet-5 and the Soybean MLP with plain SGD), the
@@ -106,7 +108,7 @@ NAMES: tuple[str, ...] = (
 # Small test models kept for the suite (also registered; ``registered_names()`` lists all).
 EXTRA: tuple[str, ...] = ("cnn", "mlp", "gpt_small", "nnx_mlp")
 # Full-size Llamas (billions of parameters: abstract use only) and their small test model.
-LARGE: tuple[str, ...] = ("llama3_8b", "llama3_70b")
+LARGE: tuple[str, ...] = ("llama3_8b", "llama3_70b", "gemma_7b")
 LARGE_EXTRA: tuple[str, ...] = ("llama_small",)
 # Scanned-layer models (tests/test_scanned_models.py).
 SCANNED: tuple[str, ...] = scanned.NAMES

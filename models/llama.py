@@ -4,6 +4,11 @@
   128), SwiGLU FFN 14336, vocabulary 128256, 8,030,261,248 parameters;
 * ``llama3_70b``: Llama 3 70B: 80 layers, d=8192, 64 heads, 8 KV heads, FFN 28672, the same
   vocabulary, 70,553,706,496 parameters;
+* ``gemma_7b``: Gemma-7B-size (Gemma Team, 2024): 28 layers, d=3072, 16 heads of head_dim 256
+  (multi-head: 16 K/V heads; heads x head_dim = 4096 > d), GeGLU FFN 24576, vocabulary 256000,
+  embeddings tied with the LM head and scaled by sqrt(d), RoPE theta 10000, 8,537,680,896
+  parameters. Shapes are Gemma's; its RMSNorm's (1 + scale) and soft-capping-free details do
+  not change a plan and are not reproduced;
 * ``llama_small``: a 2-layer test decoder of the same structure (the same config for
   ``small=True`` and ``small=False``).
 
@@ -111,18 +116,19 @@ def apply_rope(x: jax.Array, theta: float) -> jax.Array:
 
 
 class Attention(nn.Module):
-    """Causal grouped-query self-attention with RoPE; no biases."""
+    """Causal grouped-query self-attention with RoPE; no biases. ``head_dim`` None: d / heads."""
 
     num_heads: int
     num_kv_heads: int
     rope_theta: float = 500_000.0
+    head_dim: int | None = None
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         batch, length, d_model = x.shape
-        head_dim = d_model // self.num_heads
+        head_dim = self.head_dim or d_model // self.num_heads
         group = self.num_heads // self.num_kv_heads
         kw = {"use_bias": False, "dtype": self.dtype, "param_dtype": self.param_dtype}
         q = nn.Dense(self.num_heads * head_dim, name="q", **kw)(x)
@@ -147,9 +153,11 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with hidden width ``ffn_dim``; no biases."""
+    """``down(silu(gate(x)) * up(x))`` with hidden width ``ffn_dim``; no biases. With
+    ``activation="gelu"`` it is GeGLU (tanh-approximate GELU, as Gemma)."""
 
     ffn_dim: int
+    activation: str = "silu"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -158,7 +166,8 @@ class SwiGLU(nn.Module):
         kw = {"use_bias": False, "dtype": self.dtype, "param_dtype": self.param_dtype}
         gate = nn.Dense(self.ffn_dim, name="gate", **kw)(x)
         up = nn.Dense(self.ffn_dim, name="up", **kw)(x)
-        return nn.Dense(x.shape[-1], name="down", **kw)(nn.silu(gate) * up)
+        act = nn.gelu if self.activation == "gelu" else nn.silu
+        return nn.Dense(x.shape[-1], name="down", **kw)(act(gate) * up)
 
 
 class LlamaBlock(nn.Module):
@@ -169,6 +178,8 @@ class LlamaBlock(nn.Module):
     ffn_dim: int
     norm_eps: float = 1e-5
     rope_theta: float = 500_000.0
+    head_dim: int | None = None
+    activation: str = "silu"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -176,13 +187,18 @@ class LlamaBlock(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
         h = RMSNorm(self.norm_eps, name="attn_norm", **kw)(x)
-        x = x + Attention(self.num_heads, self.num_kv_heads, self.rope_theta, name="attn", **kw)(h)
+        attn = Attention(
+            self.num_heads, self.num_kv_heads, self.rope_theta, self.head_dim, name="attn", **kw
+        )
+        x = x + attn(h)
         h = RMSNorm(self.norm_eps, name="mlp_norm", **kw)(x)
-        return x + SwiGLU(self.ffn_dim, name="mlp", **kw)(h)
+        return x + SwiGLU(self.ffn_dim, self.activation, name="mlp", **kw)(h)
 
 
 class Llama(nn.Module):
-    """Token embedding, ``num_layers`` blocks, final RMSNorm, untied LM head (f32 logits)."""
+    """Token embedding, ``num_layers`` blocks, final RMSNorm, LM head (f32 logits): untied, or
+    the embedding's transpose with ``tie_embeddings`` (Gemma, which also scales the embedded
+    tokens by sqrt(d): ``embed_scale``)."""
 
     vocab_size: int
     num_layers: int
@@ -194,19 +210,28 @@ class Llama(nn.Module):
     rope_theta: float = 500_000.0
     remat: bool = False
     scan_layers: bool = False
+    head_dim: int | None = None
+    activation: str = "silu"
+    tie_embeddings: bool = False
+    embed_scale: bool = False
     dtype: Any = jnp.bfloat16
     param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
-        x = nn.Embed(self.vocab_size, self.d_model, name="embed", **kw)(tokens)
+        embed = nn.Embed(self.vocab_size, self.d_model, name="embed", **kw)
+        x = embed(tokens)
+        if self.embed_scale:
+            x = x * jnp.asarray(math.sqrt(self.d_model), x.dtype)
         block_args = (
             self.num_heads,
             self.num_kv_heads,
             self.ffn_dim,
             self.norm_eps,
             self.rope_theta,
+            self.head_dim,
+            self.activation,
         )
         if self.scan_layers:
             # no barrier: the scan already keeps XLA from merging the recomputation into the
@@ -218,7 +243,10 @@ class Llama(nn.Module):
             for i in range(self.num_layers):
                 x = block(*block_args, name=f"block{i}", **kw)(x)
         x = RMSNorm(self.norm_eps, name="norm_f", **kw)(x)
-        logits = nn.Dense(self.vocab_size, use_bias=False, name="lm_head", **kw)(x)
+        if self.tie_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(self.vocab_size, use_bias=False, name="lm_head", **kw)(x)
         return logits.astype(_accumulation_dtype(self.dtype))
 
 
@@ -248,17 +276,25 @@ def _config(
 # Published shapes.
 _LLAMA3_8B = _config(32, 4096, 32, 8, 14336, 128256)
 _LLAMA3_70B = _config(80, 8192, 64, 8, 28672, 128256)
+_GEMMA = {"head_dim": 256, "activation": "gelu", "tie_embeddings": True, "embed_scale": True}
+_GEMMA_7B = _config(28, 3072, 16, 16, 24576, 256000, rope_theta=10_000.0, norm_eps=1e-6, **_GEMMA)
 # Tiny configs of the same structure: every shardable dimension (batch, d_model, heads, KV
 # heads, FFN, vocabulary) divisible by 8; head_dim 8; the full-size GQA group sizes (4 and 8).
 _SMALL = {"batch": 16, "seq_len": 16, "dtype": "float32", "lr": 1e-3}
 _LLAMA_SMALL = _config(2, 128, 16, 8, 256, 256, **_SMALL)
 _LLAMA3_8B_SMALL = _config(2, 256, 32, 8, 512, 256, **_SMALL)
 _LLAMA3_70B_SMALL = _config(2, 512, 64, 8, 1024, 256, **_SMALL)
+# Gemma's shape at test size: heads x head_dim (8 x 32 = 256) wider than d (128), MHA, tied
+_GEMMA_7B_SMALL = _config(
+    2, 128, 8, 8, 256, 256, rope_theta=10_000.0, norm_eps=1e-6, **{**_GEMMA, "head_dim": 32},
+    **_SMALL,
+)  # fmt: skip
 
 CONFIGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # name: (small, full)
     "llama3_8b": (_LLAMA3_8B_SMALL, _LLAMA3_8B),
     "llama3_70b": (_LLAMA3_70B_SMALL, _LLAMA3_70B),
+    "gemma_7b": (_GEMMA_7B_SMALL, _GEMMA_7B),
     "llama_small": (_LLAMA_SMALL, _LLAMA_SMALL),
 }
 
@@ -292,7 +328,9 @@ def llama_example(name: str, cfg: dict[str, Any], dtype: Any = None) -> Example:
     """
     cfg = dict(cfg)
     dtype = jnp.dtype(cfg.get("dtype", "bfloat16") if dtype is None else dtype)
-    if cfg["d_model"] % cfg["num_heads"] or cfg["num_heads"] % cfg["num_kv_heads"]:
+    if cfg["num_heads"] % cfg["num_kv_heads"] or (
+        cfg.get("head_dim") is None and cfg["d_model"] % cfg["num_heads"]
+    ):
         raise ValueError(f"{name}: need num_kv_heads | num_heads | d_model, got {cfg}")
     model = Llama(
         vocab_size=cfg["vocab_size"],
@@ -305,6 +343,10 @@ def llama_example(name: str, cfg: dict[str, Any], dtype: Any = None) -> Example:
         rope_theta=cfg["rope_theta"],
         remat=bool(cfg.get("remat", False)),
         scan_layers=bool(cfg.get("scan_layers", False)),
+        head_dim=cfg.get("head_dim"),
+        activation=cfg.get("activation", "silu"),
+        tie_embeddings=bool(cfg.get("tie_embeddings", False)),
+        embed_scale=bool(cfg.get("embed_scale", False)),
         dtype=dtype,
         param_dtype=param_dtype_for(dtype),
     )
@@ -326,6 +368,12 @@ def llama3_8b(batch: int | None, small: bool, dtype: Any) -> Example:
 def llama3_70b(batch: int | None, small: bool, dtype: Any) -> Example:
     """Llama 3 70B (80 x d8192, 64/8 heads, SwiGLU 28672), AdamW; batch 8x4096."""
     return llama_example("llama3_70b", llama_config("llama3_70b", small, batch=batch), dtype)
+
+
+@register("gemma_7b")
+def gemma_7b(batch: int | None, small: bool, dtype: Any) -> Example:
+    """Gemma-7B-size (28 x d3072, 16 heads of 256, GeGLU 24576, tied 256k vocab), AdamW."""
+    return llama_example("gemma_7b", llama_config("gemma_7b", small, batch=batch), dtype)
 
 
 @register("llama_small")

@@ -13,18 +13,20 @@ import jaxpar
 import models
 from models.llama import Attention, llama_config, llama_example
 
-# Published totals (Meta's model cards: 8.03B and 70.6B).
-PUBLISHED_PARAMS = {"llama3_8b": 8.03e9, "llama3_70b": 70.55e9}
+# Published totals (Meta's model cards: 8.03B and 70.6B; the Gemma report: 8.54B for 7B).
+PUBLISHED_PARAMS = {"llama3_8b": 8.03e9, "llama3_70b": 70.55e9, "gemma_7b": 8.54e9}
 
 
 def closed_form_params(cfg: dict) -> int:
-    """Embedding + layers (attention, SwiGLU, two norms) + final norm + untied LM head."""
+    """Embedding + layers (attention, SwiGLU, two norms) + final norm + LM head (none when
+    tied to the embedding)."""
     d, vocab, ffn = cfg["d_model"], cfg["vocab_size"], cfg["ffn_dim"]
     heads, kv_heads = cfg["num_heads"], cfg["num_kv_heads"]
-    head_dim = d // heads
+    head_dim = cfg.get("head_dim") or d // heads
     attention = d * heads * head_dim + 2 * d * kv_heads * head_dim + heads * head_dim * d
     layer = attention + 3 * d * ffn + 2 * d
-    return vocab * d + cfg["num_layers"] * layer + d + d * vocab
+    head = 0 if cfg.get("tie_embeddings") else d * vocab
+    return vocab * d + cfg["num_layers"] * layer + d + head
 
 
 def _remat_equations(jaxpr) -> int:
@@ -48,7 +50,8 @@ def test_full_param_counts(name):
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(ex.args[0].params))
     assert n == ex.config["params"] == closed_form_params(ex.config)
     assert abs(n / PUBLISHED_PARAMS[name] - 1) <= 0.01, (name, n)
-    assert n == {"llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496}[name]
+    exact = {"llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496, "gemma_7b": 8_537_680_896}
+    assert n == exact[name]
     assert ex.args[1]["tokens"].shape == (8, 4096)
 
 
@@ -60,7 +63,7 @@ def test_small_param_counts_and_divisibility(name):
     cfg = ex.config
     for key in ("batch", "d_model", "num_heads", "num_kv_heads", "ffn_dim", "vocab_size"):
         assert cfg[key] % 8 == 0, (name, key, cfg[key])
-    assert cfg["num_kv_heads"] < cfg["num_heads"]
+    assert cfg["num_kv_heads"] < cfg["num_heads"] or name == "gemma_7b"  # Gemma 7B: MHA
 
 
 @pytest.mark.api
@@ -203,3 +206,22 @@ def test_small_plans():
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"data": 2, "model": 4}, cluster="dgx-h100")
     assert plan.stats["equations"] > 0
     assert np.isfinite(plan.cost.step_s) and plan.cost.step_s > 0
+
+
+@pytest.mark.numerics
+def test_gemma_shape_shards_like_the_unsharded_step():
+    """Gemma's shape at test size (heads x head_dim wider than d, tied embeddings, GeGLU, scaled
+    embeddings): trains, and its auto-sharded step on 2 x 4 equals the unsharded one in
+    float64."""
+    from helpers import assert_equivalent
+
+    with jax.enable_x64(True):
+        ex = llama_example("gemma_7b", llama_config("gemma_7b", small=True), jnp.float64)
+        state, batch = ex.make_args(0)
+        assert "lm_head" not in state.params  # tied: the embedding's transpose
+        assert state.params["block0"]["attn"]["q"]["kernel"].shape == (128, 256)
+        ref = jax.jit(ex.step)(state, batch)
+        mesh = jaxpar.make_mesh({"data": 2, "model": 4})
+        step = jaxpar.auto_shard(ex.step, mesh=mesh, cluster="dgx-h100")
+        assert_equivalent(step(state, batch), ref, rtol=1e-5)
+    assert np.isfinite(float(ref[1]["loss"]))

@@ -40,9 +40,11 @@ def _dense_stack_params(cfg: dict) -> int:
 
 def _llama_params(cfg: dict) -> int:
     d, vocab, ffn = cfg["d_model"], cfg["vocab_size"], cfg["ffn_dim"]
-    kv_width = cfg["num_kv_heads"] * d // cfg["num_heads"]
-    layer = 2 * d * d + 2 * d * kv_width + 3 * d * ffn + 2 * d
-    return 2 * vocab * d + cfg["num_layers"] * layer + d
+    head_dim = cfg.get("head_dim") or d // cfg["num_heads"]
+    q_width, kv_width = cfg["num_heads"] * head_dim, cfg["num_kv_heads"] * head_dim
+    layer = 2 * d * q_width + 2 * d * kv_width + 3 * d * ffn + 2 * d
+    embeddings = (1 if cfg.get("tie_embeddings") else 2) * vocab * d
+    return embeddings + cfg["num_layers"] * layer + d
 
 
 CLOSED_FORM = {
