@@ -3,14 +3,24 @@
 The search minimizes time; memory is a constraint. `fit_budget` keeps the dynamic program by
 pricing memory into it (docs/design.md, "Memory budget"):
 
-1. If the searched plan's peak (`memory.MemoryModel.estimate`, exact liveness) fits, it stands,
-   certificate and all.
-2. Otherwise solve the Lagrangian problem ``time + λ · bytes`` (``bytes``: the linear proxy
-   `MemoryModel.node_bytes`, added to every node's unary table) for growing λ until a solution
-   fits (or until two growth steps lower the peak by less than 1 %: nothing will fit), then
-   bisect λ between the last that did not fit and the first that did.
-3. Every plan seen — the solutions along λ and the hand plans (`baselines`) — is priced
-   exactly (time by `evaluate`, memory by liveness), and the fastest that fits is returned.
+1. If the searched plan fits (`MemoryEstimate.fits`: its exact liveness peak is at most the
+   budget less `memory.MODEL_MARGIN`, kept for the model's error), it stands, certificate
+   and all.
+2. Otherwise solve the Lagrangian problem ``time + λ · bytes`` on the same tables. ``bytes``
+   is a linear proxy added to every node's unary table: `MemoryModel.node_bytes` (arguments,
+   buffers read in a later phase or through a loop) plus the tensors live at the peak of the
+   searched plan and of every over-budget solution (constraint generation: a peak the proxy
+   missed is priced from then on, and the same λ is retried when that makes the proxy see the
+   excess). The first λ is where the fastest fitting plan seen (a hand plan) breaks even with
+   the searched plan under the proxy. λ grows ×8 until a solution fits (or until two growth
+   steps lower the peak by less than 1 %: nothing will fit), then is bisected (geometric, at
+   most 4 steps) until the bracket's λs are within 3× or the over-budget solution at its low
+   end is within 1 % of the fastest fitting plan's time. Each solve is block descent from the
+   best of the latest solution, the fastest fitting plan and the searched plan (warm starts),
+   one start and at most 3 rounds.
+3. Every plan seen — the solutions along λ and the hand plans (`baselines`), with the
+   evaluations `choose` already made — is priced exactly (time by `evaluate`, memory by
+   liveness, estimated lazily in order of time), and the fastest that fits is returned.
 
 The plan is then *not certified*: Lagrangian relaxation bounds the constrained optimum only
 under the linear proxy, and the exact peak is not linear. `Choice.optimal` is False and the
@@ -28,14 +38,16 @@ from collections.abc import Callable
 
 from .choose import Choice
 from .evaluate import EvalContext, Evaluation, evaluate
-from .memory import MemoryBudgetError, MemoryEstimate, MemoryModel, gb
+from .memory import MODEL_MARGIN, MemoryBudgetError, MemoryEstimate, MemoryModel, gb
 from .options import PlannerOptions
 from .search import Problem, solve
 
 GROWTH = 8.0  # λ grows by this factor until a solution fits
-BISECTIONS = 4  # then this many geometric bisection steps
-MAX_GROWTH_STEPS = 14
+BISECTIONS = 4  # then at most this many geometric bisection steps
+MAX_SOLVES = 14  # Lagrangian solves in all
 STALL_STEPS = 2  # stop growing λ after this many steps that lower the peak by < 1 %
+TIME_GAIN = 0.01  # stop bisecting once the bracket's plans are within this of each other
+RESOLUTION = 3.0  # or once the bracket's λs are within this factor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +60,71 @@ class BudgetFit:
     solves: int  # Lagrangian problems solved
 
 
+class _Proxy:
+    """The per-node bytes priced by λ: `MemoryModel.node_bytes`, plus the tensors live at the
+    peaks seen so far (constraint generation: a peak the proxy missed is priced next time)."""
+
+    def __init__(self, model: MemoryModel, n: int):
+        self.model, self.extra = model, frozenset()
+        self.nodes = [model.node_bytes(v) for v in range(n)]
+
+    def total(self, a) -> float:
+        return sum(float(b[x]) for b, x in zip(self.nodes, a, strict=True))
+
+    def add(self, tensors: frozenset[int]) -> bool:
+        """Price ``tensors`` too; whether any node's proxy changed."""
+        new = tensors - self.extra
+        if not new:
+            return False
+        self.extra = self.extra | new
+        owners = {
+            self.model.inp.ng.node_of_tensor[t]
+            for t in new
+            if t in self.model.inp.ng.node_of_tensor
+        }
+        changed = False
+        for v in owners:
+            b = self.model.node_bytes(v, self.extra)
+            changed = changed or not (b == self.nodes[v]).all()
+            self.nodes[v] = b
+        return changed
+
+
+class _Seen:
+    """Every plan seen: its evaluation (given or by `evaluate`), its memory estimate (computed
+    when first needed: a hand plan slower than a fitting plan is never estimated) and the λ
+    that found it."""
+
+    def __init__(self, ctx: EvalContext, model: MemoryModel, budget: float):
+        self.ctx, self.model, self.budget = ctx, model, budget
+        self.evaluations: dict[tuple[int, ...], Evaluation] = {}
+        self.estimates: dict[tuple[int, ...], MemoryEstimate] = {}
+        self.peaks: dict[tuple[int, ...], frozenset[int]] = {}  # tensors live at the peak
+        self.lam: dict[tuple[int, ...], float | None] = {}
+
+    def add(self, a, lam: float | None = None, evaluation: Evaluation | None = None):
+        a = tuple(int(x) for x in a)
+        if a not in self.evaluations:
+            self.evaluations[a] = evaluation or evaluate(self.ctx, a)
+            self.lam[a] = lam
+        return a
+
+    def estimate(self, a: tuple[int, ...]) -> MemoryEstimate:
+        if a not in self.estimates:
+            self.estimates[a], self.peaks[a] = self.model.estimate_with_peak(a, self.budget)
+        return self.estimates[a]
+
+    def best_fit(self) -> tuple[int, ...] | None:
+        """The fastest plan seen that fits (estimating in order of time until one fits)."""
+        for a in sorted(self.evaluations, key=lambda a: self.evaluations[a].objective):
+            if self.estimate(a).fits:
+                return a
+        return None
+
+    def smallest(self) -> MemoryEstimate:
+        return min((self.estimate(a) for a in self.evaluations), key=lambda e: e.peak)
+
+
 def fit_budget(
     ctx: EvalContext,
     options: PlannerOptions,
@@ -58,81 +135,113 @@ def fit_budget(
 ) -> tuple[Choice, BudgetFit]:
     """``choice`` if its peak fits ``budget``; else the fastest plan found that fits."""
     tick = tick or (lambda _detail: None)
-    first = model.estimate(choice.assignment, budget)
+    first, first_peak = model.estimate_with_peak(choice.assignment, budget)
     if budget is None or first.fits or choice.strategy not in ("auto", "hypar"):
         return choice, BudgetFit(first, False, None, 0)
-    seen: dict[tuple[int, ...], tuple[Evaluation, MemoryEstimate, float | None]] = {}
-
-    def consider(a, lam: float | None) -> MemoryEstimate:
-        a = tuple(int(x) for x in a)
-        if a not in seen:
-            seen[a] = (evaluate(ctx, a), model.estimate(a, budget), lam)
-        return seen[a][1]
-
-    consider(choice.assignment, None)
-    for a, _ in choice.baselines.values():
-        consider(a, None)
+    seen = _Seen(ctx, model, budget)
+    free = seen.add(choice.assignment, None, choice.evaluation)
+    seen.estimates[free], seen.peaks[free] = first, first_peak
+    for a, evaluation in choice.baselines.values():
+        seen.add(a, None, evaluation)
     for run in choice.runs.values():
-        consider(run.assignment, None)
+        seen.add(run.assignment, None, run.evaluation)
     base, tying = ctx.tables.problem, choice.tying
-    proxy = [model.node_bytes(v) for v in range(base.num_nodes)]
     if tying is not None:  # search the tied space, as `choose` did
         base = tying.reduce(base)
-        proxy = [sum(proxy[v] for v in c) for c in tying.classes]
+    proxy = _Proxy(model, ctx.tables.problem.num_nodes)
+    proxy.add(first_peak)
+    # descent from the best start only: the starts are the latest λ's solution and the
+    # fastest plan that fits, already near the optimum of the next λ
+    search_budget = dataclasses.replace(options.budget, max_starts=1, max_rounds=3)
     solves = 0
-    peaks: list[float] = []  # peak of each λ's solution
+    last: list[tuple[int, ...]] = []  # the latest solution (a warm start for the next)
 
-    def solve_at(lam: float) -> bool:
+    def solve_at(lam: float) -> tuple[int, ...]:
         nonlocal solves
         solves += 1
+        node_bytes = proxy.nodes
+        if tying is not None:
+            node_bytes = [sum(node_bytes[v] for v in c) for c in tying.classes]
         problem = Problem(
-            unary=[u + lam * b for u, b in zip(base.unary, proxy, strict=True)],
+            unary=[u + lam * b for u, b in zip(base.unary, node_bytes, strict=True)],
             edges=base.edges,
             blocks=base.blocks,
             factors=base.factors,
         )
-        fitting = sorted((v[0].objective, a) for a, v in seen.items() if v[1].fits)
-        starts = [a for _, a in fitting[:1]] + [choice.assignment]
+        starts = [a for a in (seen.best_fit(), *last, free) if a is not None]
         if tying is not None:
             starts = [tying.restrict(a) for a in starts]
-        sol = solve(problem, starts=starts, budget=options.budget)
-        found = tying.expand(sol.assignment) if tying is not None else sol.assignment
-        estimate = consider(found, lam)
-        peaks.append(estimate.peak)
-        ok = bool(estimate.fits)
-        tick(f"memory budget: λ={lam:.3g}, {'fits' if ok else 'over budget'}")
-        return ok
+        sol = solve(problem, starts=starts, budget=search_budget)
+        found = seen.add(tying.expand(sol.assignment) if tying is not None else sol.assignment, lam)
+        last[:] = [found]
+        estimate = seen.estimate(found)
+        tick(
+            f"memory budget: λ={lam:.3g}, peak {gb(estimate.peak)}, objective "
+            f"{seen.evaluations[found].objective:.4g}, {'fits' if estimate.fits else 'over'}"
+        )
+        return found
 
-    scale = choice.evaluation.objective / max(first.peak, 1.0)
-    lo, hi, lam = 0.0, None, scale
-    for _ in range(MAX_GROWTH_STEPS):
-        if solve_at(lam):
+    lam = _first_multiplier(seen, free, proxy)
+    lo, hi = 0.0, None  # the largest λ whose solution is over, the smallest whose fits
+    t_lo = choice.evaluation.objective  # objective of the solution at lo
+    peaks: list[float] = []  # peak of each growth step's solution
+    bisections = 0
+    while solves < MAX_SOLVES:
+        found = solve_at(lam)
+        estimate = seen.estimate(found)
+        if estimate.fits:
             hi = lam
-            break
-        lo, lam = lam, lam * GROWTH
-        if len(peaks) >= STALL_STEPS + 1 and min(peaks[-STALL_STEPS:]) >= 0.99 * min(
-            peaks[:-STALL_STEPS]
+        else:
+            before = proxy.total(found)
+            # the proxy missed this peak if it grows: price what is live there, and retry λ
+            # when that makes the proxy see the excess
+            if (
+                proxy.add(seen.peaks[found])
+                and hi is None
+                and proxy.total(found) - before >= estimate.peak - estimate.limit
+            ):
+                continue
+            lo, t_lo = lam, seen.evaluations[found].objective
+        if hi is None:
+            peaks.append(estimate.peak)
+            if len(peaks) > STALL_STEPS and min(peaks[-STALL_STEPS:]) >= 0.99 * min(
+                peaks[:-STALL_STEPS]
+            ):
+                break  # a larger λ no longer lowers the peak: nothing will fit
+            lam *= GROWTH
+            continue
+        fit = seen.best_fit()
+        if (
+            bisections >= BISECTIONS
+            or (lo > 0 and hi <= lo * RESOLUTION)
+            or (fit and t_lo >= seen.evaluations[fit].objective * (1 - TIME_GAIN))
         ):
-            break  # a larger λ no longer lowers the peak: nothing will fit
-    if hi is not None:
-        for _ in range(BISECTIONS):
-            mid = math.sqrt(lo * hi) if lo > 0 else hi / GROWTH
-            if solve_at(mid):
-                hi = mid
-            else:
-                lo = mid
-    fitting = [(v[0].objective, a) for a, v in seen.items() if v[1].fits]
-    if not fitting:
-        raise MemoryBudgetError(_no_fit_message(seen, budget, model))
-    _, best = min(fitting)
-    evaluation, estimate, lam = seen[best]
+            break  # λ is bracketed, or the bracket's plans are within TIME_GAIN
+        bisections += 1
+        lam = math.sqrt(lo * hi) if lo > 0 else hi / GROWTH
+    best = seen.best_fit()
+    if best is None:
+        raise MemoryBudgetError(_no_fit_message(seen.smallest(), budget, model))
+    evaluation, estimate = seen.evaluations[best], seen.estimate(best)
     chosen = dataclasses.replace(choice, assignment=best, evaluation=evaluation, optimal=False)
-    return chosen, BudgetFit(estimate, True, lam, solves)
+    return chosen, BudgetFit(estimate, True, seen.lam[best], solves)
 
 
-def _no_fit_message(seen, budget: float, model: MemoryModel) -> str:
+def _first_multiplier(seen: _Seen, free: tuple[int, ...], proxy: _Proxy) -> float:
+    """The first λ: where the fastest fitting plan seen (a hand plan, say) breaks even with the
+    searched plan under the proxy, ``Δtime / Δbytes``; with none, time per byte of the peak."""
+    t0 = seen.evaluations[free].objective
+    fit = seen.best_fit()
+    if fit is not None:
+        saved = proxy.total(free) - proxy.total(fit)
+        slower = seen.evaluations[fit].objective - t0
+        if saved > 0 and slower > 0:
+            return slower / saved
+    return t0 / max(seen.estimate(free).peak, 1.0)
+
+
+def _no_fit_message(smallest: MemoryEstimate, budget: float, model: MemoryModel) -> str:
     """The smallest peak reached, its biggest parts, and what would help."""
-    smallest = min((v[1] for v in seen.values()), key=lambda e: e.peak)
     parts = [
         ("parameters", smallest.params),
         ("optimizer state", smallest.optimizer),
@@ -147,6 +256,8 @@ def _no_fit_message(seen, budget: float, model: MemoryModel) -> str:
     return (
         f"no plan fits the memory budget of {gb(budget)} per device on {devices} devices: the "
         f"smallest peak the planner reached is {gb(smallest.peak)} per device (largest parts: "
-        f"{top}). To fit: use more devices, rematerialize blocks (jax.checkpoint / nn.remat), "
+        f"{top}), and a plan's predicted peak must be at most {gb(smallest.limit)} "
+        f"({MODEL_MARGIN:.0%} of the budget is kept for the memory model's error). To fit: "
+        "use more devices, rematerialize blocks (jax.checkpoint / nn.remat), "
         "lower the per-device batch, or keep parameters and optimizer state in bfloat16"
     )

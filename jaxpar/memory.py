@@ -24,8 +24,10 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
 
 `MemoryModel` precomputes what does not depend on the assignment, so the budget search can price
 many assignments. The Lagrangian proxy (`MemoryModel.node_bytes`) is linear in the node
-configurations: argument bytes plus the buffers that cross the forward→backward boundary or
-hold gradients. Pure: numpy only.
+configurations: argument bytes plus the buffers that cross the forward→backward boundary, hold
+gradients or live through a loop, and any tensors the budget search adds (those live at the
+peaks it saw: `estimate_with_peak`). A plan fits a budget when its predicted peak is at most the
+budget less `MODEL_MARGIN`. Pure: numpy only.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
 COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
 ARG_KINDS = ("params", "optimizer", "batch", "other")
 RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, fragmentation)
+# A plan fits a budget when its predicted peak is within (1 - MODEL_MARGIN) of it: the margin is
+# kept for the model's own error. Measured compiled/predicted peak on simulated CPU devices
+# (tests/test_memory.py): up to 1.07 on the budget sweep's plans, 1.28 at worst over the small
+# zoo's plans; see docs/design.md, "Memory budget".
+MODEL_MARGIN = 0.1
 
 
 class MemoryBudgetError(ValueError):
@@ -80,12 +87,18 @@ class MemoryEstimate:
         return self.params + self.optimizer
 
     @property
+    def limit(self) -> float | None:
+        """The largest predicted peak that fits the budget: the budget less `MODEL_MARGIN`."""
+        return None if self.budget is None else self.budget * (1 - MODEL_MARGIN)
+
+    @property
     def fits(self) -> bool | None:
-        return None if self.budget is None else self.peak <= self.budget
+        return None if self.limit is None else self.peak <= self.limit
 
     def as_dict(self) -> dict[str, float | str | bool | None]:
         out = dataclasses.asdict(self)
         out["fits"] = self.fits
+        out["limit"] = self.limit
         return out
 
     def breakdown(self) -> str:
@@ -101,7 +114,10 @@ class MemoryEstimate:
         lines.append(f"  {'peak':<16} {gb(self.peak):>10}  (at {where or 'the start'})")
         if self.budget is not None:
             verdict = "fits" if self.fits else "DOES NOT FIT"
-            lines.append(f"  {'budget':<16} {gb(self.budget):>10}  {verdict}")
+            lines.append(
+                f"  {'budget':<16} {gb(self.budget):>10}  {verdict} (a plan's peak must be at "
+                f"most {gb(self.limit)}: {MODEL_MARGIN:.0%} kept for the model's error)"
+            )
         return "\n".join(lines)
 
 
@@ -175,8 +191,14 @@ class MemoryModel:
         for u in inputs.uses:
             self.reads.setdefault(u.tensor, []).append(u)
             self.read_at[u] = self._read_position(u)
-        self.long_lived = long_lived_tensors(ng, inputs.uses)
+        # buffers read in a later phase, or inside a loop from outside it (live through it)
+        self.long_lived = long_lived_tensors(ng, inputs.uses) | {
+            u.tensor for u in inputs.uses if self.read_at[u] > u.order[0]
+        }
         self._node_bytes: dict[int, np.ndarray] = {}
+        self._degrees: dict[int, np.ndarray] = {}
+        self._statics: dict[int, tuple | None] = {}
+        self._nbytes: dict[int, int] = {}
         self.outvar_set = {t for t in program.outvars if t is not None}
         self.invar_set = set(program.invars)
         # results of contractions, reductions, gathers...: XLA fuses elementwise chains
@@ -197,13 +219,30 @@ class MemoryModel:
         return at
 
     def _bytes(self, t: int, spec) -> float:
-        tensor = self.inp.ng.program.tensors[t]
-        if tensor.opaque or not tensor.nbytes:
-            return 0.0
-        return tensor.nbytes / shard_count(spec, self.inp.sizes)
+        if t not in self._nbytes:
+            tensor = self.inp.ng.program.tensors[t]
+            self._nbytes[t] = 0 if tensor.opaque else tensor.nbytes
+        nbytes = self._nbytes[t]
+        return nbytes / shard_count(spec, self.inp.sizes) if nbytes else 0.0
 
     def estimate(self, assignment: Sequence[int], budget: float | None = None) -> MemoryEstimate:
         """Per-device memory of ``assignment`` (indices into each node's configurations)."""
+        return self._walk(assignment, budget, None)[0]
+
+    def estimate_with_peak(
+        self, assignment: Sequence[int], budget: float | None = None
+    ) -> tuple[MemoryEstimate, frozenset[int]]:
+        """`estimate`, and the tensors with a buffer (or a resharded copy) live at its peak."""
+        record: list[tuple[int, int, int]] = []
+        estimate, at = self._walk(assignment, budget, record)
+        live = frozenset(t for t, born, dies in record if max(born, 0) <= at <= max(dies, born))
+        return estimate, live
+
+    def _walk(
+        self, assignment: Sequence[int], budget: float | None, record: list | None
+    ) -> tuple[MemoryEstimate, int]:
+        """The estimate and the equation at its peak; ``record`` (if given) receives
+        (tensor, born, dies) of every buffer."""
         inp, ng = self.inp, self.inp.ng
         program = ng.program
         cfg = [inp.configs[v][a] for v, a in enumerate(assignment)]
@@ -236,19 +275,31 @@ class MemoryModel:
         syncs, sync_produced = self._sync_tensors(cfg)
         combine_at = self._combine_points(syncs) if inp.combine_syncs else {}
         scattered = set() if inp.combine_syncs else sync_produced
+
+        def tracked(t: int) -> Callable[[float, int, int, str], None]:
+            if record is None:
+                return live
+
+            def live_t(size: float, born: int, dies: int, phase: str) -> None:
+                if size > 0:
+                    record.append((t, born, dies))
+                live(size, born, dies, phase)
+
+            return live_t
+
         for t, reads in self.reads.items():
-            self._tensor_buffers(t, reads, cfg, spec, out_specs, combine_at, scattered, live)
+            self._tensor_buffers(t, reads, cfg, spec, out_specs, combine_at, scattered, tracked(t))
         for t, s in out_specs.items():
             if not (t in inp.feedback and inp.feedback[t] in inp.donated):
                 size = self._bytes(t, s)
                 outputs += size
-                live(size, self.producer_eqn.get(t, -1), self.end, UPDATE)
+                tracked(t)(size, self.producer_eqn.get(t, -1), self.end, UPDATE)
         profile = np.cumsum(delta)[: self.n_eqns + 1]
         at = int(np.argmax(profile)) if len(profile) else 0
         live_at = {k: float(np.cumsum(v)[at]) for k, v in kinds.items()}
         peak_live = float(profile[at]) if len(profile) else 0.0
         eq = min(at, self.n_eqns - 1)
-        return MemoryEstimate(
+        estimate = MemoryEstimate(
             params=args["params"], optimizer=args["optimizer"], batch=args["batch"],
             other_args=args["other"], outputs=outputs, activations=live_at[FORWARD],
             gradients=live_at[BACKWARD], temporaries=live_at[UPDATE],
@@ -256,6 +307,7 @@ class MemoryModel:
             peak_phase=self.phase_of_eqn[eq] if self.n_eqns else "",
             peak_layer=self.label_of_eqn[eq] if self.n_eqns else "", budget=budget,
         )  # fmt: skip
+        return estimate, at
 
     def _sync_tensors(self, cfg: Sequence[Config]) -> tuple[dict[int, int], set[int]]:
         """Of the gradient-sync nodes: their anchors' reduced results -> producing equation,
@@ -280,30 +332,46 @@ class MemoryModel:
             out.update(dict.fromkeys(group, at))
         return out
 
+    def _static(self, t: int, reads: Sequence[EdgeUse]) -> tuple | None:
+        """What of ``t``'s buffers does not depend on the assignment (cached): None when it
+        has none, else (is_arg, born, phase, reads outside its node as (at, reader, map))."""
+        if t in self._statics:
+            return self._statics[t]
+        ng = self.inp.ng
+        tensor = ng.program.tensors[t]
+        out = None
+        if not (tensor.opaque or not tensor.nbytes or not tensor.shape or t in ng.program.consts):
+            is_arg = t in self.invar_set
+            born = -1 if is_arg else self.producer_eqn.get(t, -1)
+            src = ng.node_of_tensor.get(t)
+            phase = ng.nodes[src].phase if src is not None else UPDATE
+            own = src is not None and (
+                self.unfused.get(t, False) or len({self.read_at[u] for u in reads}) > 1
+            )
+            external = tuple(
+                (min(self.read_at[u], self.end), u.dst, u.dst_map)
+                for u in reads
+                if u.dst != src or u.order[0] >= self.end or own
+            )
+            out = (is_arg, born, phase, external)
+        self._statics[t] = out
+        return out
+
     def _tensor_buffers(self, t, reads, cfg, spec, out_specs, combine_at, scattered, live) -> None:
         """Register the buffers of tensor ``t``: the produced one and its resharded copies.
 
         A reduced gradient whose every reader takes a slice of it (the update of sharded
         state) is reduce-scattered where it is produced on GPU/TPU (XLA forms reduce-scatter
         from all-reduce + dynamic-slice): only the slices outlive the producing equation."""
-        ng = self.inp.ng
-        tensor = ng.program.tensors[t]
-        if tensor.opaque or not tensor.nbytes or not tensor.shape or t in ng.program.consts:
+        static = self._static(t, reads)
+        if static is None:
             return
-        is_arg = t in self.invar_set
-        born = -1 if is_arg else self.producer_eqn.get(t, -1)
-        src = ng.node_of_tensor.get(t)
+        is_arg, born, phase, external = static
         have = spec.get(t, ())
-        phase = ng.nodes[src].phase if src is not None else UPDATE
-        own = src is not None and (
-            self.unfused.get(t, False) or len({self.read_at[u] for u in reads}) > 1
-        )
-        external = [u for u in reads if u.dst != src or u.order[0] >= self.end or own]
         copies: dict[tuple, list[int]] = {}
         last_direct = born
-        for u in external:
-            at = min(self.read_at[u], self.end)
-            want = spec_of(u.dst_map, cfg[u.dst])
+        for at, dst, dst_map in external:
+            want = spec_of(dst_map, cfg[dst])
             if want == have or at >= self.end:
                 last_direct = max(last_direct, at)
             else:
@@ -340,46 +408,67 @@ class MemoryModel:
         """Per node, `node_bytes` of its configuration in ``assignment``."""
         return [float(self.node_bytes(v)[a]) for v, a in enumerate(assignment)]
 
-    def node_bytes(self, node: int) -> np.ndarray:
+    def node_bytes(self, node: int, extra: frozenset[int] = frozenset()) -> np.ndarray:
         """The Lagrangian proxy, per configuration of ``node``: the bytes it holds for long.
 
         An input node: its argument's shard (not the batch: every plan splits it alike). Any
         other node: its buffers read in a later phase (activations saved for the backward pass,
-        gradients read by the update), each over the shard count of its layout. A scan's slice
-        node also holds the stacked xs in the layout it reads them: resharded before the loop
-        (a whole stack gathered at once, FSDP undone), that copy lives through every iteration.
+        gradients read by the update) or inside a loop from outside it, each over the shard
+        count of its layout, and its tensors in ``extra`` (the budget search adds the buffers
+        live at the peaks it has seen: `peak_tensors`). A scan's slice node also holds the
+        stacked xs in the layout it reads them: resharded before the loop (a whole stack
+        gathered at once, FSDP undone), that copy lives through every iteration.
         """
-        if node in self._node_bytes:
-            return self._node_bytes[node]
+        if node not in self._node_bytes:
+            self._node_bytes[node] = self._base_bytes(node)
+        out = self._node_bytes[node]
+        more = [t for t in self.inp.ng.nodes[node].tensor_maps if t in extra]
+        for t in more:
+            if not self._counted(node, t):
+                out = out + self.tensor_bytes(node, t)
+        return out
+
+    def _counted(self, node: int, t: int) -> bool:
+        """Whether ``t`` (a tensor of ``node``) is in its base proxy."""
+        if self.inp.ng.nodes[node].anchor < 0:
+            return self.inp.arg_kinds.get(t, "other") != "batch"
+        return t in self.long_lived
+
+    def tensor_bytes(self, node: int, t: int) -> np.ndarray:
+        """Per configuration of ``node``, the per-device bytes of its tensor ``t``."""
         inp = self.inp
         nd = inp.ng.nodes[node]
-        cfgs = inp.configs[node]
-        D = dim_degrees(cfgs, len(nd.space.sizes), inp.sizes)
-        out = np.zeros(len(cfgs))
-        for t, mp in nd.tensor_maps.items():
-            tensor = inp.ng.program.tensors[t]
-            if tensor.opaque or not tensor.nbytes or mp is None:
-                continue
-            if nd.anchor < 0:
-                if inp.arg_kinds.get(t, "other") == "batch":
-                    continue
-            elif t not in self.long_lived:
-                continue
-            shards = np.ones(len(cfgs))
-            for m in mp:
-                if m is not None:
-                    shards = shards * D[:, m]
-            out += tensor.nbytes / shards
+        mp = nd.tensor_maps.get(t)
+        tensor = inp.ng.program.tensors[t]
+        if tensor.opaque or not tensor.nbytes or mp is None:
+            return np.zeros(len(inp.configs[node]))
+        return tensor.nbytes / self._shards(node, mp)
+
+    def _shards(self, node: int, mp) -> np.ndarray:
+        """Per configuration of ``node``, the shard count of a tensor mapped by ``mp``."""
+        cfgs = self.inp.configs[node]
+        if node not in self._degrees:
+            space = self.inp.ng.nodes[node].space
+            self._degrees[node] = dim_degrees(cfgs, len(space.sizes), self.inp.sizes)
+        D = self._degrees[node]
+        shards = np.ones(len(cfgs))
+        for m in mp:
+            if m is not None:
+                shards = shards * D[:, m]
+        return shards
+
+    def _base_bytes(self, node: int) -> np.ndarray:
+        inp = self.inp
+        nd = inp.ng.nodes[node]
+        out = np.zeros(len(inp.configs[node]))
+        for t in nd.tensor_maps:
+            if self._counted(node, t):
+                out += self.tensor_bytes(node, t)
         if nd.anchor >= 0 and inp.ng.program.eqns[nd.anchor].primitive == SCAN_SLICE:
             stacked = inp.ng.program.eqns[nd.anchor].inputs[0]
             mp = nd.members[0].in_maps[0]
             if stacked is not None and mp is not None:
-                shards = np.ones(len(cfgs))
-                for m in mp:
-                    if m is not None:
-                        shards = shards * D[:, m]
-                out += inp.ng.program.tensors[stacked].nbytes / shards
-        self._node_bytes[node] = out
+                out += inp.ng.program.tensors[stacked].nbytes / self._shards(node, mp)
         return out
 
 
