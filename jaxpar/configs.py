@@ -30,8 +30,16 @@ def enumerate_configs(space: OpSpace, sizes: Sequence[int], tensor_sizes) -> lis
     ``tensor_sizes``: (tensor dim size, iteration dim) pairs of every tensor the node touches; a
     configuration is valid when each such dim is divisible by the product of the axes on it.
     """
+    choices = (-1, *(d for d in range(len(space.sizes)) if space.splittable[d]))
+    return list(_valid_configs(choices, tuple(sizes), frozenset(tensor_sizes)))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _valid_configs(
+    choices: tuple[int, ...], sizes: tuple[int, ...], tensor_sizes: frozenset[tuple[int, int]]
+) -> tuple[Config, ...]:
+    """`enumerate_configs` of one (choices, mesh, tensor dims): layers repeat, and so do these."""
     k = len(sizes)
-    choices = [-1] + [d for d in range(len(space.sizes)) if space.splittable[d]]
     out = []
     for cfg in itertools.product(choices, repeat=k):
         deg: dict[int, int] = {}
@@ -40,7 +48,7 @@ def enumerate_configs(space: OpSpace, sizes: Sequence[int], tensor_sizes) -> lis
                 deg[d] = deg.get(d, 1) * sizes[a]
         if all(size % deg.get(d, 1) == 0 for size, d in tensor_sizes):
             out.append(tuple(cfg))
-    return out
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=1 << 18)

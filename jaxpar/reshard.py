@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import numpy as np
+
 from .collectives import (
     ALL_GATHER,
     ALL_TO_ALL,
@@ -150,3 +152,323 @@ def _reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tup
         return 0.0, sum(s.nbytes for s in steps)
     fixed = sum(mesh.latency[s.axis] * ring_steps(s.kind, mesh.sizes[s.axis]) for s in steps)
     return fixed, sum(s.nbytes / mesh.bandwidth[s.axis] for s in steps)
+
+
+# Dense tables of `reshard_linear` over every layout of a given rank, shared by every tensor of
+# that rank (`LinearTables`): the layout sets the cost tables ask for repeat across tensors and
+# nodes, and on 3-4 mesh axes they hold hundreds of layouts each.
+DENSE_LAYOUTS = 1296  # largest number of layouts of one rank kept as a dense table (6^4)
+
+
+def _walk_linear(
+    src: Spec, dst: Spec, sizes: tuple[int, ...], mesh: MeshAxes, comm: bool
+) -> tuple[float, float]:
+    """`_reshard_linear` of ``src`` -> ``dst`` without building the path's steps: the same walk
+    as `reshard_path` (free slices first, then one axis leaves a dim: an all-to-all when the
+    target wants it next on another dim, else an all-gather), summing each collective's α and β
+    terms in path order, so the floats are those of `_reshard_linear`."""
+    cur = [list(x) for x in src]
+    tgt = [list(x) for x in dst]
+    n_dims = len(tgt)
+    used, prod = 0, 1
+    for axes in cur:
+        for a in axes:
+            used |= 1 << a
+            prod *= sizes[a]
+    fixed: float = 0
+    per_byte: float = 0
+    latency, bandwidth = mesh.latency, mesh.bandwidth
+    for _ in range(4 * len(sizes) + 2):
+        if cur == tgt:
+            break
+        progressed = False
+        for d in range(n_dims):  # free slices
+            c, t = cur[d], tgt[d]
+            lc = len(c)
+            if lc < len(t) and c == t[:lc]:
+                while lc < len(t):
+                    a = t[lc]
+                    if used >> a & 1:
+                        break
+                    c.append(a)
+                    used |= 1 << a
+                    prod *= sizes[a]
+                    lc += 1
+                    progressed = True
+        if progressed:
+            continue
+        want: dict[int, int] = {}  # axis -> first dim that wants it next
+        for d in range(n_dims):
+            c, t = cur[d], tgt[d]
+            lc = len(c)
+            if lc < len(t) and c == t[:lc]:
+                want.setdefault(t[lc], d)
+        pick = None
+        for d in range(n_dims):
+            c, t = cur[d], tgt[d]
+            if c and not (len(c) <= len(t) and c == t[: len(c)]):
+                to = want.get(c[-1])
+                if to is not None:
+                    pick = (d, to)
+                    break
+                if pick is None:
+                    pick = (d, None)
+        if pick is None:
+            raise AssertionError(f"reshard_path stuck at {cur} -> {dst}")
+        d, to = pick
+        a = cur[d].pop()
+        n = sizes[a]
+        if to is not None:  # all-to-all of the current buffer
+            cur[to].append(a)
+            nbytes = (n - 1) / n * (1 / prod) if n > 1 else 0.0
+        else:  # all-gather into a buffer `n` times larger
+            used &= ~(1 << a)
+            prod //= n
+            nbytes = (n - 1) / n * (1 / prod) if n > 1 else 0.0
+        if comm:
+            per_byte = per_byte + nbytes
+        else:
+            fixed = fixed + latency[a] * ((n - 1) if n > 1 else 0)
+            per_byte = per_byte + nbytes / bandwidth[a]
+    if cur != tgt:
+        raise AssertionError(f"reshard_path did not converge: {src} -> {dst}")
+    return (0.0 if comm else fixed), per_byte
+
+
+WALK_BATCH = 2000  # missing pairs from which `_walk_batch` beats `_walk_linear` pair by pair
+
+
+def _walk_batch(
+    src: np.ndarray, dst: np.ndarray, rank: int, mesh: MeshAxes, comm: bool, held: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_walk_linear` of many pairs of coded layouts at once (`LinearTables.codes`), in numpy:
+    the same walk, step by step, each pair's α and β terms summed in its path's order (so the
+    floats are those of `_walk_linear`). Each dim's axes are held as one integer, axis + 1 per
+    base-(k + 1) digit, first axis lowest. ``held``: per pair, the product of the sizes of axes
+    split in the tensor besides the coded ones, which the walk never moves (`_canonical`)."""
+    sizes = np.asarray(mesh.sizes, dtype=np.int64)
+    latency = np.asarray(mesh.latency, dtype=np.float64)
+    bandwidth = np.asarray(mesh.bandwidth, dtype=np.float64)
+    k, base, total = len(sizes), rank + 1, len(src)
+    pw = (k + 1) ** np.arange(k + 1, dtype=np.int64)
+    out_fixed, out_per = np.zeros(total), np.zeros(total)
+    cc = np.zeros((total, rank), dtype=np.int64)  # current layout, per dim
+    tc = np.zeros((total, rank), dtype=np.int64)  # target layout
+    lc = np.zeros((total, rank), dtype=np.int64)
+    lt = np.zeros((total, rank), dtype=np.int64)
+    used = np.zeros(total, dtype=np.int64)
+    prod = np.array(held, dtype=np.int64)
+    for a in range(k):  # axes in mesh order: each dim's axes ascending
+        for codes, lay, lens, is_src in ((src, cc, lc, True), (dst, tc, lt, False)):
+            dim = codes // base**a % base - 1
+            idx = np.nonzero(dim >= 0)[0]
+            d = dim[idx]
+            lay[idx, d] += (a + 1) * pw[lens[idx, d]]
+            lens[idx, d] += 1
+            if is_src:
+                used[idx] |= 1 << a
+                prod[idx] *= sizes[a]
+    fixed, per_byte = np.zeros(total), np.zeros(total)
+    ids = np.arange(total)
+    for _ in range(4 * k + 2):
+        done = (cc == tc).all(axis=1)
+        if done.any():
+            out_fixed[ids[done]], out_per[ids[done]] = fixed[done], per_byte[done]
+            keep = ~done
+            cc, tc, lc, lt = cc[keep], tc[keep], lc[keep], lt[keep]
+            used, prod, fixed, per_byte, ids = (
+                used[keep], prod[keep], fixed[keep], per_byte[keep], ids[keep]
+            )  # fmt: skip
+        if not len(ids):
+            break
+        progressed = np.zeros(len(ids), dtype=bool)
+        for d in range(rank):  # free slices
+            go = (lc[:, d] <= lt[:, d]) & (tc[:, d] % pw[lc[:, d]] == cc[:, d])
+            for _ in range(k):
+                go &= lc[:, d] < lt[:, d]
+                idx = np.nonzero(go)[0]
+                if not len(idx):
+                    break
+                ln = lc[idx, d]
+                a = tc[idx, d] // pw[ln] % (k + 1) - 1
+                free = (used[idx] >> a) & 1 == 0
+                go[idx[~free]] = False
+                idx, a, ln = idx[free], a[free], ln[free]
+                if not len(idx):
+                    break
+                cc[idx, d] += (a + 1) * pw[ln]
+                lc[idx, d] = ln + 1
+                used[idx] |= np.left_shift(1, a)
+                prod[idx] *= sizes[a]
+                progressed[idx] = True
+        mv = np.nonzero(~progressed)[0]
+        if not len(mv):
+            continue
+        c, lcm, t, ltm = cc[mv], lc[mv], tc[mv], lt[mv]
+        rows = np.arange(len(mv))
+        pre = (lcm <= ltm) & (t % pw[lcm] == c)
+        last = np.where(lcm > 0, c // pw[np.maximum(lcm - 1, 0)] - 1, -1)
+        want = np.where(pre & (lcm < ltm), t // pw[lcm] % (k + 1) - 1, -2)
+        movable = (lcm > 0) & ~pre
+        to = np.full((len(mv), rank), -1, dtype=np.int64)
+        for d in range(rank):
+            for d2 in reversed(range(rank)):
+                to[:, d] = np.where(want[:, d2] == last[:, d], d2, to[:, d])
+        pick_to = np.full(len(mv), -1, dtype=np.int64)
+        pick_any = np.full(len(mv), -1, dtype=np.int64)
+        for d in reversed(range(rank)):
+            pick_to = np.where(movable[:, d] & (to[:, d] >= 0), d, pick_to)
+            pick_any = np.where(movable[:, d], d, pick_any)
+        chosen = np.where(pick_to >= 0, pick_to, pick_any)
+        if (chosen < 0).any():
+            raise AssertionError("reshard_path stuck")
+        dest = np.where(pick_to >= 0, to[rows, chosen], -1)
+        a = last[rows, chosen]
+        ln = lcm[rows, chosen] - 1
+        cc[mv, chosen] = c[rows, chosen] % pw[ln]
+        lc[mv, chosen] = ln
+        n = sizes[a]
+        moved = dest >= 0
+        i2, d2, a2 = mv[moved], dest[moved], a[moved]
+        cc[i2, d2] += (a2 + 1) * pw[lc[i2, d2]]
+        lc[i2, d2] += 1
+        i3, a3 = mv[~moved], a[~moved]
+        used[i3] &= ~np.left_shift(1, a3)
+        prod[i3] //= sizes[a3]
+        nbytes = np.where(n > 1, (n - 1) / n * (1 / prod[mv]), 0.0)
+        if comm:
+            per_byte[mv] = per_byte[mv] + nbytes
+        else:
+            fixed[mv] = fixed[mv] + latency[a] * np.where(n > 1, n - 1, 0)
+            per_byte[mv] = per_byte[mv] + nbytes / bandwidth[a]
+    if len(ids):
+        raise AssertionError("reshard_path did not converge")
+    return (np.zeros(total) if comm else out_fixed), out_per
+
+
+def _canonical(
+    src: np.ndarray, dst: np.ndarray, rank: int, sizes: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pairs of coded layouts reduced to what their walk depends on: (source, target, held).
+
+    A dim with the same axes in both layouts is never touched by the walk (nothing leaves or
+    enters it), and its axes are wanted nowhere else: they are dropped, their sizes' product
+    kept as ``held`` (buffer sizes). Dims then empty in both are dropped, the others renumbered
+    in order (as `reshard_linear` drops dims whole in both)."""
+    k, base = len(sizes), rank + 1
+    ds = np.stack([src // base**a % base for a in range(k)], axis=1)
+    dt = np.stack([dst // base**a % base for a in range(k)], axis=1)
+    inert = np.zeros(ds.shape, dtype=bool)
+    for d in range(1, base):
+        same = ((ds == d) == (dt == d)).all(axis=1)
+        inert |= same[:, None] & (ds == d)
+    held = np.where(inert, np.asarray(sizes, dtype=np.int64), 1).prod(axis=1)
+    ds, dt = np.where(inert, 0, ds), np.where(inert, 0, dt)
+    occupied = np.zeros((len(src), base), dtype=bool)
+    rows = np.arange(len(src))
+    for a in range(k):
+        occupied[rows, ds[:, a]] = True
+        occupied[rows, dt[:, a]] = True
+    occupied[:, 0] = False
+    number = np.cumsum(occupied, axis=1)
+    ds = np.where(ds > 0, np.take_along_axis(number, ds, axis=1), 0)
+    dt = np.where(dt > 0, np.take_along_axis(number, dt, axis=1), 0)
+    pw = base ** np.arange(k, dtype=np.int64)
+    return (ds * pw).sum(axis=1), (dt * pw).sum(axis=1), held
+
+
+class LinearTables:
+    """`reshard_linear` of every pair of layouts of one mesh, as dense arrays per rank.
+
+    A layout whose axes each split one dim, in mesh order (what `configs.spec_of` gives), is
+    coded by the dim of each axis: code = Σ_a (dim(a) + 1) · (rank + 1)^a. Dims whole in every
+    layout of a pattern are dropped first (they change neither the path nor any buffer, as in
+    `reshard_linear`), so patterns of different ranks share entries. Entries are computed on
+    first use (`_walk_linear`, the same floats as `_reshard_linear`).
+    """
+
+    def __init__(self, mesh: MeshAxes, objective: str):
+        self.mesh, self.comm = mesh, objective == "comm"
+        self.sizes = tuple(mesh.sizes)
+        self.dense: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def codes(self, specs: list[Spec], kept: list[int]) -> np.ndarray | None:
+        """Each layout's code over the ``kept`` dims, or None when one is not codable."""
+        k, base = len(self.sizes), len(kept) + 1
+        out = np.empty(len(specs), dtype=np.int64)
+        for i, spec in enumerate(specs):
+            code, seen = 0, 0
+            for j, d in enumerate(kept):
+                last = -1
+                for a in spec[d]:
+                    if a <= last or seen >> a & 1:
+                        return None  # not in mesh order, or an axis on two dims
+                    last = a
+                    seen |= 1 << a
+                    code += (j + 1) * base**a
+            if any(spec[d] for d in range(len(spec)) if d not in kept):
+                return None
+            out[i] = code
+        return out if k else None
+
+    def _layout(self, code: int, rank: int) -> Spec:
+        base = rank + 1
+        dims: list[list[int]] = [[] for _ in range(rank)]
+        for a in range(len(self.sizes)):
+            d = code // base**a % base
+            if d:
+                dims[d - 1].append(a)
+        return tuple(tuple(x) for x in dims)
+
+    def pattern(
+        self, src_specs: list[Spec], dst_specs: list[Spec]
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(fixed, per_byte) over (source layout, reader layout), or None when the layouts
+        cannot be coded or their rank has too many layouts for a dense table."""
+        if not src_specs or not dst_specs:
+            return None
+        rank = len(src_specs[0])
+        if any(len(s) != rank for s in (*src_specs, *dst_specs)):
+            return None
+        kept = [d for d in range(rank) if any(s[d] for s in (*src_specs, *dst_specs))]
+        size = (len(kept) + 1) ** len(self.sizes)
+        if size > DENSE_LAYOUTS:
+            return None
+        cs, cd = self.codes(src_specs, kept), self.codes(dst_specs, kept)
+        if cs is None or cd is None:
+            return None
+        r = len(kept)
+        if r not in self.dense:
+            self.dense[r] = (
+                np.zeros((size, size)), np.zeros((size, size)), np.zeros((size, size), bool)
+            )  # fmt: skip
+        fixed, per_byte, known = self.dense[r]
+        grid = np.ix_(cs, cd)
+        missing = np.nonzero(~known[grid])
+        if len(missing[0]):
+            s_codes, t_codes = cs[missing[0]], cd[missing[1]]
+            if len(s_codes) >= WALK_BATCH:
+                cs2, cd2, held = _canonical(s_codes, t_codes, r, self.sizes)
+                span = (size * size) * (int(held.max()) + 1)
+                key = (cs2 * size + cd2) * (int(held.max()) + 1) + held
+                if span >= 2**62:  # no room for one key: every pair walks
+                    key = np.arange(len(cs2))
+                _, first, back = np.unique(key, return_index=True, return_inverse=True)
+                f, b = _walk_batch(cs2[first], cd2[first], r, self.mesh, self.comm, held[first])
+                f, b = f[back.reshape(-1)], b[back.reshape(-1)]
+            else:
+                pairs = [
+                    _walk_linear(self._layout(int(s), r), self._layout(int(t), r), self.sizes,
+                                 self.mesh, self.comm)
+                    for s, t in zip(s_codes, t_codes, strict=True)
+                ]  # fmt: skip
+                f, b = np.array([x[0] for x in pairs]), np.array([x[1] for x in pairs])
+            fixed[s_codes, t_codes], per_byte[s_codes, t_codes] = f, b
+            known[s_codes, t_codes] = True
+        return fixed[grid], per_byte[grid]
+
+
+@functools.lru_cache(maxsize=8)
+def linear_tables(mesh: MeshAxes, objective: str) -> LinearTables:
+    """The `LinearTables` of a mesh (kept across planning runs, like `reshard_linear`'s cache)."""
+    return LinearTables(mesh, objective)

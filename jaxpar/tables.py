@@ -33,7 +33,7 @@ from .configs import Config, Spec, node_configs, spec_of
 from .cost import CostParams, compute_times, unary_costs
 from .graph import BACKWARD, FORWARD, UPDATE
 from .nodes import Node, NodeGraph
-from .reshard import SLICE, reshard_linear, reshard_path
+from .reshard import SLICE, linear_tables, reshard_linear, reshard_path
 from .rules import DimMap
 from .search import Problem
 
@@ -131,11 +131,16 @@ class ReshardTables:
         pair = self.tables.get(key)
         if pair is None:
             mesh, objective = self.params.mesh, self.params.objective
-            lin = [[reshard_linear(a, b, mesh, objective) for b in dst_specs] for a in src_specs]
-            pair = self.tables[key] = (
-                np.array([[x[0] for x in row] for row in lin]),
-                np.array([[x[1] for x in row] for row in lin]),
-            )
+            pair = linear_tables(mesh, objective).pattern(src_specs, dst_specs)
+            if pair is None:  # layouts without a dense table: pair by pair
+                lin = [
+                    [reshard_linear(a, b, mesh, objective) for b in dst_specs] for a in src_specs
+                ]
+                pair = (
+                    np.array([[x[0] for x in row] for row in lin]),
+                    np.array([[x[1] for x in row] for row in lin]),
+                )
+            self.tables[key] = pair
         small = pair[0] + float(tensor.nbytes) * pair[1]
         return small[np.ix_(si, di)] * self.ng.program.trips(use.context)
 
