@@ -32,7 +32,8 @@ class PlannerOptions:
     - ``budget``: how hard the search may work (`SearchBudget`).
     - ``memory_budget``: bytes per device the plan must fit (`budget.fit_budget`): "device"
       (default) for the smallest device's memory less `memory.RESERVE_FRACTION`, a number of
-      bytes, a size such as "60GB", or None for no limit (memory is still predicted).
+      bytes, a size such as "60GB", or None for no limit (memory is still predicted). A plan
+      fits when its predicted peak is within the budget less `memory.MODEL_MARGIN`.
     - ``donate_argnums``: the arguments whose buffers the step donates (their results reuse
       them); None: the state, i.e. every argument that is not a batch argument.
     - ``share_blocks``: give structurally identical layers the same configurations and search
