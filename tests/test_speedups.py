@@ -31,3 +31,75 @@ def test_reshard_cost_ignores_dims_whole_in_both_layouts(objective):
         assert reshard_linear(src, dst, mesh, objective) == pytest.approx(
             _reshard_linear(src, dst, mesh, objective), rel=1e-12, abs=1e-18
         )
+
+
+def _mesh4():
+    return mesh_axes(
+        Cluster.preset("dgx-h100", devices=64), ("a", "b", "c", "d"), (2, 4, 2, 4), None
+    )
+
+
+@pytest.mark.closed_form
+@pytest.mark.parametrize("objective", ["time", "comm"])
+def test_walk_matches_reshard_path_exactly(objective):
+    """`_walk_linear` (no Step objects) and `_walk_batch` (numpy, many pairs) give the very
+    floats of `_reshard_linear`, also for layouts not in mesh order and on size-1 axes."""
+    import numpy as np
+
+    from jaxpar.reshard import LinearTables, _walk_batch, _walk_linear
+
+    rng = random.Random(1)
+    for mesh in (
+        _mesh4(),
+        mesh_axes(Cluster.preset("p100", devices=8), ("x", "y", "z"), (2, 1, 4), None),
+    ):
+        comm = objective == "comm"
+        for _ in range(2000):
+            rank = rng.randint(0, 5)
+            src, dst = (
+                _random_spec(rng, rank, len(mesh.sizes)),
+                _random_spec(rng, rank, len(mesh.sizes)),
+            )
+            assert _walk_linear(src, dst, mesh.sizes, mesh, comm) == _reshard_linear.__wrapped__(
+                src, dst, mesh, objective
+            )
+        table = LinearTables(mesh, objective)
+        for rank in (1, 3, 4):
+            n = (rank + 1) ** len(mesh.sizes)
+            s = np.array([rng.randrange(n) for _ in range(3000)])
+            t = np.array([rng.randrange(n) for _ in range(3000)])
+            fixed, per_byte = _walk_batch(s, t, rank, mesh, comm, np.ones(len(s), dtype=np.int64))
+            for i in range(len(s)):
+                a, b = table._layout(int(s[i]), rank), table._layout(int(t[i]), rank)
+                assert (fixed[i], per_byte[i]) == tuple(
+                    map(float, _reshard_linear(a, b, mesh, objective))
+                )
+
+
+@pytest.mark.closed_form
+@pytest.mark.parametrize("objective", ["time", "comm"])
+def test_dense_reshard_patterns_equal_pair_by_pair(objective):
+    """`LinearTables.pattern` (dense per-rank tables; pairs reduced by `_canonical` and walked
+    in one batch) equals `reshard_linear` of every pair of a node's layouts, bit for bit."""
+    import itertools
+
+    from jaxpar.configs import spec_of
+    from jaxpar.reshard import WALK_BATCH, LinearTables
+
+    mesh = _mesh4()
+    table = LinearTables(mesh, objective)
+    cfgs = list(itertools.product(range(-1, 5), repeat=4))
+    for src_map, dst_map in [
+        ((0, 1, 2, 3), (1, 0, 3, None)),
+        ((0, None, 2, 3, 4), (4, 3, 2, None, 0)),
+    ]:
+        src = list(dict.fromkeys(spec_of(src_map, c) for c in cfgs))
+        dst = list(dict.fromkeys(spec_of(dst_map, c) for c in cfgs))
+        assert len(src) * len(dst) >= WALK_BATCH
+        fixed, per_byte = table.pattern(src, dst)
+        for i, a in enumerate(src):
+            for jj in range(0, len(dst), max(1, len(dst) // 40)):
+                b = dst[jj]
+                assert (fixed[i, jj], per_byte[i, jj]) == tuple(
+                    map(float, reshard_linear(a, b, mesh, objective))
+                )
