@@ -81,10 +81,7 @@ def choose(
     def priced(a: Sequence[int]) -> Evaluation:  # searches often return a baseline's plan
         key = tuple(a)
         if key not in memo:
-            ev = evaluate(ctx, key)
-            if options.objective == "overlap":
-                ev = dataclasses.replace(ev, objective=ev.cost.overlapped_step_s)
-            memo[key] = ev
+            memo[key] = evaluate(ctx, key)
         return memo[key]
 
     after_all = len(ng.program.eqns)

@@ -147,3 +147,16 @@ def test_overlap_objective_on_one_device_is_certified():
     plan = jaxpar.plan(step, params, batch, mesh={"data": 1}, cluster="p100", objective="overlap")
     assert plan.optimal
     assert plan.cost.overlapped_step_s == pytest.approx(plan.lower_bound, rel=1e-9)
+
+
+@pytest.mark.closed_form
+def test_overlap_objective_under_a_memory_budget():
+    """The budget's Lagrangian search compares plans by the same objective: under "overlap"
+    every plan it prices reports its overlapped step, and the returned plan fits."""
+    ex = models.get("gpt_small", small=True)
+    kw = dict(mesh={"node": 2, "gpu": 4}, cluster="p100", objective="overlap")
+    free = jaxpar.plan(ex.step, *ex.args, memory_budget=None, **kw)
+    tight = jaxpar.plan(ex.step, *ex.args, memory_budget=0.6 * free.memory.peak, **kw)
+    assert tight.memory.fits
+    assert tight.stats["budget_bound"]
+    assert tight.evaluation.objective == tight.cost.overlapped_step_s
