@@ -119,6 +119,19 @@ def test_plan_for_the_overlapped_step(capsys):
     assert rc == 0
     assert "objective=overlap" in out
     assert "overlap ms" in out and "the plan is the candidate with the shortest one" in out
+    argv = [
+        "plan",
+        "lenet5",
+        "--mesh",
+        "node=2,gpu=2",
+        "--objective",
+        "overlap",
+        "--strategy",
+        "all",
+    ]
+    rc, out, _ = run_cli(argv, capsys)
+    head = [line for line in out.splitlines() if line.startswith("strategy ")]
+    assert rc == 0 and head and "overlap ms" in head[0]
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
