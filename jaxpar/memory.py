@@ -14,7 +14,14 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   once per (tensor, before, after) and XLA's CSE merges repeated ones, so a parameter gathered
   for the forward pass stays gathered until the backward pass reads it, unless remat
   recomputes it behind an optimization barrier (`trace` keeps `jax.checkpoint`'s barrier).
-- A buffer lives from the equation producing it to its last reader, in program order.
+- A buffer lives from the equation producing it to its last reader, in program order. A view
+  (transpose, reshape) of a buffer whose only reader it is takes that buffer over (XLA makes it
+  a bitcast, or folds it into the producer's layout).
+- Tensors computed from no data (iotas, broadcast literals, masks made of them) are recomputed
+  inside each elementwise reader, as XLA fuses them; only non-fusing readers store them.
+- XLA:CPU (``cpu``) runs dots and convolutions of 16-bit floats in float32: a bfloat16 buffer
+  (or resharded copy) read by a dot is stored as float32 (twice the bytes; beside the bfloat16
+  one when other readers need that), and the dot's float32 result lives until converted back.
 - Gradient synchronization: where partial sums over the batch are all-reduced, the CPU backend
   combines them (`cpu-all-reduce-combiner`, no byte limit, 256 operands), so all of a group's
   reduced gradients and their inputs are live at the group's last one (``combine_syncs``). A
@@ -46,13 +53,23 @@ from .rules import ELEMENTWISE
 from .tables import EdgeUse
 
 FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
+# layout changes XLA turns into bitcasts of their operand (or folds into the producer's layout)
+VIEWS = frozenset({"transpose", "reshape", "squeeze", "expand_dims"})
+# readers XLA fuses a broadcast or iota into (it recomputes the value inside each of them); a
+# reduction or dot (on XLA:CPU a library call) needs its operands stored
+FUSING_READERS = FUSIBLE | VIEWS | {"pad", "slice", "concatenate", "rev"}
+GENERATORS = frozenset({"broadcast_in_dim", "iota"})
+# On XLA:CPU a dot or convolution of 16-bit floats runs in float32: its operands are converted
+# (the conversion fused into their producer) and its result is float32 until converted back.
+UPCAST_READERS = frozenset({"dot_general", "conv_general_dilated"})
+HALF_FLOATS = frozenset({"bfloat16", "float16"})
 COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
 ARG_KINDS = ("params", "optimizer", "batch", "other")
 RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, fragmentation)
 # A plan fits a budget when its predicted peak is within (1 - MODEL_MARGIN) of it: the margin is
-# kept for the model's own error. Measured compiled/predicted peak on simulated CPU devices
-# (tests/test_memory.py): up to 1.07 on the budget sweep's plans, 1.28 at worst over the small
-# zoo's plans; see docs/design.md, "Memory budget".
+# kept for the model's own error. Measured predicted/compiled peak on simulated CPU devices
+# (tests/test_memory.py, bench/memory_fullwidth.py): 0.75-1.10 over the MLP and GPT plans,
+# 0.80-0.89 at llama3_70b's width; see docs/design.md, "Memory".
 MODEL_MARGIN = 0.1
 
 
@@ -171,6 +188,8 @@ class MemoryInputs:
     donated: frozenset[int]  # argument tensors whose buffers the step may reuse
     grad_sync: Callable[[int, Config], bool]  # node, config -> reduces gradients over the batch
     combine_syncs: bool  # the backend combines gradient all-reduces (CPU)
+    # XLA:CPU's buffers (16-bit dots in float32); None: the same as ``combine_syncs``
+    cpu: bool | None = None
 
 
 class MemoryModel:
@@ -206,6 +225,20 @@ class MemoryModel:
         self.unfused = {t: e.primitive not in FUSIBLE for e in program.eqns for t in e.outputs}
         self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
         self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
+        self.cpu = inputs.combine_syncs if inputs.cpu is None else inputs.cpu
+        self.generated = generated_tensors(program)
+        # tensor -> the view of it that takes over its buffer (its only reader is the view)
+        self.view_of: dict[int, int] = {}
+        for e in program.eqns:
+            src, out = (e.inputs[0] if e.inputs else None), e.outputs[0]
+            if e.primitive not in VIEWS or src is None or src in self.invar_set:
+                continue
+            reads = self.reads.get(src, [])
+            only = reads and all(u.order[0] == e.index for u in reads)
+            if only and out in self.reads and out not in self.outvar_set:
+                self.view_of[src] = out
+        # tensors in the order of their producing equations (a view after its operand)
+        self.order = sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1))
 
     def _read_position(self, u: EdgeUse) -> int:
         """Where a read ends the tensor's life: its equation, or, for a read inside a loop of a
@@ -287,8 +320,12 @@ class MemoryModel:
 
             return live_t
 
-        for t, reads in self.reads.items():
-            self._tensor_buffers(t, reads, cfg, spec, out_specs, combine_at, scattered, tracked(t))
+        inherited: dict[int, tuple[int, int | None]] = {}
+        for t in self.order:
+            self._tensor_buffers(
+                t, self.reads[t], cfg, spec, out_specs, combine_at, scattered, inherited,
+                tracked(t),
+            )  # fmt: skip
         for t, s in out_specs.items():
             if not (t in inp.feedback and inp.feedback[t] in inp.donated):
                 size = self._bytes(t, s)
@@ -349,15 +386,33 @@ class MemoryModel:
                 self.unfused.get(t, False) or len({self.read_at[u] for u in reads}) > 1
             )
             external = tuple(
-                (min(self.read_at[u], self.end), u.dst, u.dst_map)
+                (min(self.read_at[u], self.end), u.dst, u.dst_map, self._upcast(t, u))
                 for u in reads
-                if u.dst != src or u.order[0] >= self.end or own
+                if (u.dst != src or u.order[0] >= self.end or own)
+                and not (t in self.generated and self._fuses(u))
             )
             out = (is_arg, born, phase, external)
         self._statics[t] = out
         return out
 
-    def _tensor_buffers(self, t, reads, cfg, spec, out_specs, combine_at, scattered, live) -> None:
+    def _fuses(self, u: EdgeUse) -> bool:
+        """Whether XLA fuses the computation of a broadcast or iota into the reader ``u``."""
+        eqns = self.inp.ng.program.eqns
+        return u.order[0] < self.end and eqns[u.order[0]].primitive in FUSING_READERS
+
+    def _upcast(self, t: int, u: EdgeUse) -> bool:
+        """Whether the read ``u`` of ``t`` takes a float32 copy (a 16-bit dot on XLA:CPU)."""
+        program = self.inp.ng.program
+        return (
+            self.cpu
+            and program.tensors[t].dtype in HALF_FLOATS
+            and u.order[0] < self.end
+            and program.eqns[u.order[0]].primitive in UPCAST_READERS
+        )
+
+    def _tensor_buffers(
+        self, t, reads, cfg, spec, out_specs, combine_at, scattered, inherited, live
+    ) -> None:
         """Register the buffers of tensor ``t``: the produced one and its resharded copies.
 
         A reduced gradient whose every reader takes a slice of it (the update of sharded
@@ -367,36 +422,78 @@ class MemoryModel:
         if static is None:
             return
         is_arg, born, phase, external = static
+        if t in inherited:  # a view of a buffer that ends at the view: that buffer goes on
+            born, synced_at = inherited.pop(t)
+        else:
+            synced_at = combine_at.get(t)
         have = spec.get(t, ())
-        copies: dict[tuple, list[int]] = {}
-        last_direct = born
-        for at, dst, dst_map in external:
+        copies: dict[tuple, list[tuple[int, bool]]] = {}
+        direct: list[tuple[int, bool]] = []
+        for at, dst, dst_map, upcast in external:
             want = spec_of(dst_map, cfg[dst])
             if want == have or at >= self.end:
-                last_direct = max(last_direct, at)
+                direct.append((at, upcast))
             else:
-                copies.setdefault(want, []).append(at)
+                copies.setdefault(want, []).append((at, upcast))
+        last_direct = max([born] + [at for at, _ in direct])
         scatter = (
             t in scattered
             and copies
             and last_direct == born
             and all(self._slices_only(t, have, want) for want in copies)
         )
-        for want, ats in copies.items():
-            first = born if scatter else min(ats)
+        for want, reads in copies.items():
+            first = born if scatter else min(at for at, _ in reads)
             last_direct = max(last_direct, first)  # the copy is made from the original
-            live(self._bytes(t, want), first, max(ats), phase)
-        if is_arg or not external:
-            return  # arguments are counted whole; a tensor read only in its node is fused
+            self._buffer(self._bytes(t, want), first, reads, phase, live)
+        if t in self.producer_eqn and self.cpu and self._half(t):
+            e = self.inp.ng.program.eqns[self.producer_eqn[t]]
+            if e.primitive in UPCAST_READERS:  # the float32 result, converted back at once
+                live(2 * self._bytes(t, have), born, born, phase)
+        if is_arg:  # counted whole; a float32 copy for 16-bit dots on XLA:CPU
+            dots = [at for at, up in direct if up]
+            if dots:
+                live(2 * self._bytes(t, have), min(dots), max(dots), phase)
+            return
+        if not external:
+            return  # a tensor read only in its node is fused
         if t in self.outvar_set and out_specs.get(t) == have:
             return  # the produced buffer is the result (counted as an output)
         size = self._bytes(t, have)
-        if t in combine_at:
-            at = combine_at[t]
+        view = self.view_of.get(t)
+        if (
+            view is not None
+            and len(direct) == 1
+            and not direct[0][1]
+            and self._bytes(view, spec.get(view, ())) == size
+        ):
+            inherited[view] = (born, synced_at)  # the view's buffer is this one
+            return
+        if synced_at is not None:
+            at = synced_at
             live(size, born, at, phase)  # the partial sum, until the combined all-reduce
-            live(size, at, max(last_direct, at), phase)  # the reduced gradient
+            self._buffer(size, at, [(max(a, at), up) for a, up in direct], phase, live)
         else:
-            live(size, born, last_direct, phase)
+            self._buffer(size, born, direct, phase, live)
+
+    def _half(self, t: int) -> bool:
+        return self.inp.ng.program.tensors[t].dtype in HALF_FLOATS
+
+    @staticmethod
+    def _buffer(size: float, born: int, reads, phase: str, live, wide: float = -1.0) -> None:
+        """A buffer of ``size`` bytes from ``born`` to its last read. On XLA:CPU the reads by
+        16-bit dots (``reads``: (at, upcast)) take a float32 copy of ``wide`` bytes (default
+        twice ``size``): made with the buffer when only dots read it, else at the first dot."""
+        wide = 2 * size if wide < 0 else wide
+        plain = [at for at, up in reads if not up]
+        dots = [at for at, up in reads if up]
+        if not dots:
+            live(size, born, max(plain, default=born), phase)
+        elif not plain:
+            live(wide, born, max(dots), phase)
+        else:
+            live(size, born, max(plain), phase)
+            live(wide, min(dots), max(dots), phase)
 
     def _slices_only(self, t: int, have, want) -> bool:
         """Whether resharding ``t`` from ``have`` to ``want`` only slices (sends nothing)."""
@@ -470,6 +567,23 @@ class MemoryModel:
             if stacked is not None and mp is not None:
                 out += inp.ng.program.tensors[stacked].nbytes / self._shards(node, mp)
         return out
+
+
+def generated_tensors(program) -> frozenset[int]:
+    """Tensors computed from no data: iotas, broadcasts of literals or constants, and
+    elementwise functions of those, such as a causal mask broadcast to [b, h, s, s]. XLA fuses
+    their computation into each elementwise reader and never stores them for it. (A broadcast
+    of a parameter or of a computed value is stored: XLA:CPU reads it in reductions.)"""
+    out: set[int] = set()
+    for e in program.eqns:
+        if e.primitive not in GENERATORS and e.primitive not in FUSIBLE | VIEWS:
+            continue
+        if any(program.tensors[t].opaque for t in e.outputs):
+            continue
+        source = [t is None or t in out or t in program.consts for t in e.inputs]
+        if all(source) and (e.primitive in GENERATORS or any(t in out for t in e.inputs)):
+            out.update(e.outputs)
+    return frozenset(out)
 
 
 def long_lived_tensors(ng: NodeGraph, uses: Sequence[EdgeUse]) -> frozenset[int]:

@@ -13,11 +13,12 @@ import models
 from jaxpar.memory import parse_bytes
 
 MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b": 2, "c": 2}}
-# The model is a liveness walk over the jaxpr with XLA's elementwise fusion approximated by
-# planning nodes; XLA:CPU's buffer assignment differs in detail (scheduling, convolution
-# temporaries). Measured on these plans: compiled/predicted within 0.64-1.21 (CHANGELOG, issue
-# 9 note); the band below guards against regressions, it is not the 10 % the issue asks for.
-FIDELITY_BAND = (0.6, 1.25)
+# The model is a liveness walk over the jaxpr with XLA's fusion approximated by planning nodes
+# and XLA:CPU's float32 dots, bitcast views and generated masks modelled (docs/design.md,
+# "Memory"). Measured on these plans: predicted/compiled 0.75-1.10 (the low end: GPT on mesh (8,)
+# under auto, where XLA:CPU keeps more [b, s, d] buffers for the backward than the model and its
+# heap is fragmented); the issue's 10 % holds for the MLP and most GPT plans, not all.
+FIDELITY_BAND = (0.72, 1.13)
 
 
 def compiled_peak(compiled) -> float:
