@@ -4,8 +4,8 @@ The search minimizes time; memory is a constraint. `fit_budget` keeps the dynami
 pricing memory into it (docs/design.md, "Memory budget"):
 
 1. If the searched plan fits (`MemoryEstimate.fits`: its exact liveness peak is at most the
-   budget less `memory.MODEL_MARGIN`, kept for the model's error), it stands, certificate
-   and all.
+   budget less its margin, `memory.MODEL_MARGIN` or on CPU meshes `memory.CPU_MODEL_MARGIN`,
+   kept for the model's error), it stands, certificate and all.
 2. Otherwise solve the Lagrangian problem ``time + λ · bytes`` on the same tables. ``bytes``
    is a linear proxy added to every node's unary table: `MemoryModel.node_bytes` (arguments,
    buffers read in a later phase or through a loop) plus the tensors live at the peak of the
@@ -17,7 +17,8 @@ pricing memory into it (docs/design.md, "Memory budget"):
    most 4 steps) until the bracket's λs are within 3× or the over-budget solution at its low
    end is within 1 % of the fastest fitting plan's time. Each solve is block descent from the
    best of the latest solution, the fastest fitting plan and the searched plan (warm starts),
-   one start and at most 3 rounds.
+   one start and at most 3 rounds; then one more solve at the smallest λ that fit, with the
+   search's own descent budget.
 3. Every plan seen — the solutions along λ and the hand plans (`baselines`), with the
    evaluations `choose` already made — is priced exactly (time by `evaluate`, memory by
    liveness, estimated lazily in order of time), and the fastest that fits is returned.
@@ -38,7 +39,7 @@ from collections.abc import Callable
 
 from .choose import Choice
 from .evaluate import EvalContext, Evaluation, evaluate
-from .memory import MODEL_MARGIN, MemoryBudgetError, MemoryEstimate, MemoryModel, gb
+from .memory import MemoryBudgetError, MemoryEstimate, MemoryModel, gb
 from .options import PlannerOptions
 from .search import Problem, solve
 
@@ -150,13 +151,14 @@ def fit_budget(
         base = tying.reduce(base)
     proxy = _Proxy(model, ctx.tables.problem.num_nodes)
     proxy.add(first_peak)
-    # descent from the best start only: the starts are the latest λ's solution and the
-    # fastest plan that fits, already near the optimum of the next λ
+    # descent from the best start only: the starts are the latest λ's solution and the fastest
+    # plan that fits, already near the optimum of the next λ; the last solve (at the smallest λ
+    # that fit) runs with the search's own budget, since a short descent snaps to its start
     search_budget = dataclasses.replace(options.budget, max_starts=1, max_rounds=3)
     solves = 0
     last: list[tuple[int, ...]] = []  # the latest solution (a warm start for the next)
 
-    def solve_at(lam: float) -> tuple[int, ...]:
+    def solve_at(lam: float, search_budget=search_budget) -> tuple[int, ...]:
         nonlocal solves
         solves += 1
         node_bytes = proxy.nodes
@@ -219,6 +221,8 @@ def fit_budget(
             break  # λ is bracketed, or the bracket's plans are within TIME_GAIN
         bisections += 1
         lam = math.sqrt(lo * hi) if lo > 0 else hi / GROWTH
+    if hi is not None:  # polish: the smallest λ that fit, with the search's own descent budget
+        solve_at(hi, options.budget)
     best = seen.best_fit()
     if best is None:
         raise MemoryBudgetError(_no_fit_message(seen.smallest(), budget, model))
@@ -257,7 +261,7 @@ def _no_fit_message(smallest: MemoryEstimate, budget: float, model: MemoryModel)
         f"no plan fits the memory budget of {gb(budget)} per device on {devices} devices: the "
         f"smallest peak the planner reached is {gb(smallest.peak)} per device (largest parts: "
         f"{top}), and a plan's predicted peak must be at most {gb(smallest.limit)} "
-        f"({MODEL_MARGIN:.0%} of the budget is kept for the memory model's error). To fit: "
+        f"({smallest.margin:.0%} of the budget is kept for the memory model's error). To fit: "
         "use more devices, rematerialize blocks (jax.checkpoint / nn.remat), "
         "lower the per-device batch, or keep parameters and optimizer state in bfloat16"
     )
