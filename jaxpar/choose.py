@@ -57,8 +57,9 @@ class Choice:
     baselines: dict[str, tuple[tuple[int, ...], Evaluation]]  # data / model / owt
     fell_back_to: str | None  # a baseline that beat the search under the reported cost
     tying: Tying | None = None  # repeated layers searched as one (`optimal` is within that space)
-    # objective "overlap": the exact lower bound of OptCNN Eq. 1 the searches certified, which
-    # the chosen plan's overlapped step never exceeds (`lower_bound` is then the overlapped one)
+    # objective "overlap": the exact lower bound of OptCNN Eq. 1 the searches found (their
+    # certificate; `lower_bound` is then `overlap_lower_bound`). The chosen plan's overlapped step
+    # is at most the Eq. 1 plan's, which is at most that plan's Eq. 1 step.
     step_lower_bound: float | None = None
 
 
