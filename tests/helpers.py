@@ -1,4 +1,6 @@
-"""Shared checks: numerical equivalence and plan-vs-HLO fidelity."""
+"""Shared checks: numerical equivalence, plan-vs-HLO fidelity, and that a model trains."""
+
+import itertools
 
 import jax
 import numpy as np
@@ -21,6 +23,20 @@ def leaf_errors(out, ref):
         err = np.linalg.norm(a - r) / denom if denom > 0 else np.linalg.norm(a - r)
         errs.append((float(err), jax.tree_util.keystr(path)))
     return errs
+
+
+def assert_trains(ex, steps: int = 4) -> None:
+    """``steps`` jitted train steps of an example from its own arguments: a float32 loss that is
+    finite and falls at every step."""
+    state, batch = ex.make_args(0)
+    step = jax.jit(ex.step)
+    losses = []
+    for _ in range(steps):
+        state, metrics = step(state, batch)
+        assert metrics["loss"].dtype == np.float32
+        losses.append(float(metrics["loss"]))
+    assert np.all(np.isfinite(losses))
+    assert all(b < a for a, b in itertools.pairwise(losses)), losses
 
 
 def assert_equivalent(out, ref, rtol=1e-5):

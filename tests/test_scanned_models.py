@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from helpers import assert_trains
 
 import models
 from models.llama import llama_config, llama_example
@@ -158,16 +159,7 @@ def test_llama_scan_layers_param_count():
 @pytest.mark.numerics
 @pytest.mark.parametrize("name", [n for n in models.SCANNED if n != "gpt_unrolled_linen"])
 def test_trains(name):
-    ex = models.get(name, small=True)
-    state, batch = ex.make_args(0)
-    step = jax.jit(ex.step)
-    losses = []
-    for _ in range(4):
-        state, metrics = step(state, batch)
-        assert metrics["loss"].dtype == jnp.float32
-        losses.append(float(metrics["loss"]))
-    assert np.all(np.isfinite(losses))
-    assert losses[3] < losses[2] < losses[1] < losses[0], losses
+    assert_trains(models.get(name, small=True))
 
 
 def _lm_loss(logits, tokens):
