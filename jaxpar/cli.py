@@ -138,15 +138,9 @@ class _Progress:
             print(f"[{elapsed:6.1f}s] {stage:<7} {detail}", file=sys.stderr, flush=True)
 
 
-def chosen_step(plan: Any) -> float:
-    """The step time the plan was chosen by: overlapped under ``objective="overlap"``, else
-    OptCNN Eq. 1."""
-    return plan.cost.overlapped_step_s if plan.objective == "overlap" else plan.cost.step_s
-
-
 def comparison_table(plans: dict[str, Any], batch: int) -> str:
     """Step time, throughput, communication and speedup over data parallel, per strategy."""
-    data = plans.get("data")
+    step = {name: p.cost.step_for(p.objective) for name, p in plans.items()}
     overlap = any(p.objective == "overlap" for p in plans.values())
     head = (
         f"{'strategy':<9} {'overlap ms' if overlap else 'step ms':>11} {'samples/s':>12} "
@@ -154,19 +148,16 @@ def comparison_table(plans: dict[str, Any], batch: int) -> str:
     )
     lines = [head, "-" * len(head)]
     for name, plan in plans.items():
-        c, step = plan.cost, chosen_step(plan)
-        speed = chosen_step(data) / step if data is not None and step > 0 else math.nan
+        speed = step["data"] / step[name] if "data" in step and step[name] > 0 else math.nan
         fits = {None: "-", True: "yes", False: "NO"}[plan.memory.fits]
         lines.append(
-            f"{name:<9} {step * 1e3:11.4f} {batch / step:12.1f} "
-            f"{c.comm_bytes / 1e6:13.3f} {speed:7.2f}x {plan.memory.peak / 1e9:12.3f}  "
+            f"{name:<9} {step[name] * 1e3:11.4f} {batch / step[name]:12.1f} "
+            f"{plan.cost.comm_bytes / 1e6:13.3f} {speed:7.2f}x {plan.memory.peak / 1e9:12.3f}  "
             f"{fits:<4}  {plan.optimal}"
         )
     if "auto" in plans and len(plans) > 1:
-        others = {k: p for k, p in plans.items() if k != "auto"}
-        best = min(others, key=lambda k: chosen_step(others[k]))
-        ratio = chosen_step(others[best]) / chosen_step(plans["auto"])
-        lines.append(f"auto vs best other ({best}): {ratio:.2f}x faster")
+        best = min((k for k in plans if k != "auto"), key=step.__getitem__)
+        lines.append(f"auto vs best other ({best}): {step[best] / step['auto']:.2f}x faster")
     return "\n".join(lines)
 
 
@@ -281,7 +272,8 @@ def plan_command(args: argparse.Namespace) -> int:
             print(layer_table(plans))
         else:
             print(plan.report())
-            print(f"throughput {batch / chosen_step(plan):.1f} samples/s at batch {batch}")
+            step_s = plan.cost.step_for(plan.objective)
+            print(f"throughput {batch / step_s:.1f} samples/s at batch {batch}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(plan_document(model, batch, mesh, cluster, plans), f, indent=1)

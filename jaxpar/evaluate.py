@@ -66,6 +66,10 @@ class PlanCost:
     # compute and communication on two streams (`overlap`); ≤ combined_step_s ≤ step_s
     overlapped_step_s: float = math.nan
 
+    def step_for(self, objective: str) -> float:
+        """The step a plan is compared by: the overlapped one under "overlap", else Eq. 1."""
+        return self.overlapped_step_s if objective == "overlap" else self.step_s
+
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
 

@@ -263,12 +263,11 @@ def memory_lines(plan: Plan) -> str:
 
 def comparison(plan: Plan) -> str:
     """Predicted step time, communication and peak memory of this plan beside the baselines."""
-    overlap = plan.objective == "overlap"  # compare the overlapped steps
 
     def step(c: PlanCost) -> float:
-        return c.overlapped_step_s if overlap else c.step_s
+        return c.step_for(plan.objective)
 
-    title = "overlap ms" if overlap else "step ms"
+    title = "overlap ms" if plan.objective == "overlap" else "step ms"
     lines = [f"{'strategy':<9} {title:>10} {'comm MB':>10} {'vs data':>8} {'peak GB':>9}  fits"]
     assignments = {s: a for s, (a, _) in plan.choice.baselines.items()}
     assignments[plan.strategy] = plan.assignment
