@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
+import re
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -42,8 +46,9 @@ import numpy as np
 
 import jaxpar
 import models
-from jaxpar.cost import node_kernels
-from jaxpar.graph import BACKWARD, FORWARD, Program
+from jaxpar.blocks import block_of
+from jaxpar.cost import conv_taps_fraction, kernel_time, node_kernels
+from jaxpar.graph import BACKWARD, FORWARD, UPDATE, Program, layer_of, phase_of
 from jaxpar.measure import Sweep, median_seconds
 from jaxpar.report import layer_name
 
@@ -172,6 +177,61 @@ def predicted(plan: Any, nodes: tuple[int, ...]) -> float:
     return float(sum(rows[n].t_C for n in nodes))
 
 
+def kernel_seconds(plan: Any, node: Any, kernel: Any) -> float:
+    """One kernel's t_k on a one-device mesh (`cost.node_work`'s formula with every shard the
+    whole tensor)."""
+    program, params = plan.program, plan.params
+    tensors = program.tensors
+    nbytes = sum(
+        min(tensors[s].nbytes, tensors[s].itemsize * tensors[t].size) for s, t, _ in kernel.reads
+    )
+    nbytes += sum(tensors[t].nbytes for t, _ in kernel.writes)
+    flop_s = 0.0
+    for i in kernel.members:
+        m = node.members[i]
+        eqn = program.eqns[m.eqn]
+        if m.flops:
+            f = m.flops * conv_taps_fraction(program, eqn)
+            flop_s += f / float(params.flops_rates(tensors[eqn.outputs[0]].dtype, eqn.primitive, f))
+    overhead = params.kernel_overhead if kernel.runs else 0.0
+    return float(
+        kernel_time(np.asarray(flop_s), np.asarray(nbytes), params.mem_bandwidth, overhead)
+    )
+
+
+def predicted_by_equation_layer(plan: Any, known: set[str]) -> dict[str, float]:
+    """The plan's Σ t_C of the forward and backward nodes, per layer label of the *equations*
+    (the label XLA's op metadata carries), not of the nodes: a planning node gathers the
+    elementwise followers of its anchor, which may sit in other layers (a ResNet stage's
+    residual adds and ReLUs join the projection's node), so each kernel's t_k is shared among
+    its members' layers in proportion to the elements they write. Checks that the kernels add
+    up to each node's t_C."""
+    program = plan.program
+    out: dict[str, float] = {}
+    for node in plan.ng.nodes:
+        if node.phase not in (FORWARD, BACKWARD) or node.anchor < 0:
+            continue
+        kernels = node_kernels(plan.ng, node)
+        times = [kernel_seconds(plan, node, k) for k in kernels]
+        t_c = plan.evaluation.node_rows[node.index].t_C
+        assert abs(sum(times) - t_c) <= 1e-6 * max(t_c, 1e-9) + 1e-12, (node.index, times, t_c)
+        fallback = layer_name(plan, node.index)
+        for kernel, seconds in zip(kernels, times, strict=True):
+            weights: dict[str, float] = {}
+            for i in kernel.members:
+                eqn = program.eqns[node.members[i].eqn]
+                label = layer_of(eqn.name_stack)
+                while label and label not in known:
+                    label = label.rpartition("/")[0]
+                label = label or fallback
+                size = sum(program.tensors[t].size for t in eqn.outputs) or 1
+                weights[label] = weights.get(label, 0.0) + size
+            total = sum(weights.values())
+            for label, w in weights.items():
+                out[label] = out.get(label, 0.0) + seconds * w / total
+    return out
+
+
 def dispatch_floor() -> float:
     """Seconds per call of a trivial jitted program (x + 1 on 1,024 floats), timed like the
     layers: what a layer program costs however little the device does."""
@@ -182,6 +242,185 @@ def dispatch_floor() -> float:
 def group_kernels(plan: Any, group: LayerGroup) -> int:
     """Kernels the cost model prices for the group's nodes (`cost.node_kernels`)."""
     return sum(len(node_kernels(plan.ng, plan.ng.nodes[n])) for n in group.nodes)
+
+
+# ---- in-step: the whole step profiled, kernel time attributed to layers ----------------------
+
+_INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([^\s=]+) = ")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_CALLS = re.compile(r"calls=%?([^\s,)}]+)")
+_OPERAND = re.compile(r"%([^\s,)}]+)")
+
+
+def hlo_op_names(hlo_text: str) -> tuple[dict[str, str], set[str]]:
+    """Instruction name -> its ``op_name`` metadata (the JAX name stack and primitive) in a
+    compiled module's text, and which names were inferred. A fusion without metadata of its
+    own takes its fused root's; an instruction a pass created without any (XLA:CPU's rewritten
+    backward convolutions, layout copies) takes its nearest operand's that has one."""
+    own: dict[str, str] = {}
+    calls: dict[str, str] = {}
+    operands: dict[str, list[str]] = {}
+    root_of: dict[str, str] = {}
+    computation = ""
+    for line in hlo_text.splitlines():
+        m = _INSTRUCTION.match(line)
+        if not m:
+            c = _COMPUTATION.match(line)
+            if c:
+                computation = c.group(1)
+            continue
+        name = m.group(2)
+        op = _OP_NAME.search(line)
+        if op:
+            own[name] = op.group(1)
+        called = _CALLS.search(line)
+        if called:
+            calls[name] = called.group(1)
+        body = line[m.end() :].split("metadata=")[0]
+        operands[name] = [o for o in _OPERAND.findall(body) if o != name]
+        if m.group(1):
+            root_of[computation] = name
+    names = dict(own)
+    for name, comp in calls.items():
+        if name not in names and root_of.get(comp) in own:
+            names[name] = own[root_of[comp]]
+    inferred: set[str] = set()
+    for name in operands:
+        if name in names:
+            continue
+        frontier, seen = list(operands[name]), {name}
+        for _ in range(8):  # breadth-first over operands, a few steps deep
+            found = next((names[o] for o in frontier if o in names), None)
+            if found is not None:
+                names[name] = found
+                inferred.add(name)
+                break
+            seen.update(frontier)
+            frontier = [p for o in frontier for p in operands.get(o, ()) if p not in seen]
+    return names, inferred
+
+
+def _stats(event: Any) -> dict[str, Any]:
+    return {k: v for k, v in event.stats}
+
+
+def profile_kernels(
+    fn: Any, args: Sequence[Any], calls: int
+) -> tuple[list[tuple[str, float]], str]:
+    """(HLO op, device seconds) of every kernel the device ran over ``calls`` profiled calls of
+    ``fn`` (after one warm call), and where they were read: an accelerator's device planes
+    (kernels, named by their ``hlo_op`` stat or, failing that, by the kernel's own name), or on
+    CPU the host's thunk events."""
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as where:
+        with jax.profiler.trace(where):
+            for _ in range(calls):
+                jax.block_until_ready(fn(*args))
+        (path,) = glob.glob(os.path.join(where, "**", "*.xplane.pb"), recursive=True)
+        data = jax.profiler.ProfileData.from_file(path)
+        device_planes = [
+            p for p in data.planes if p.name.startswith("/device:") and "CPU" not in p.name
+        ]
+        kernels: list[tuple[str, float]] = []
+        source = "device planes" if device_planes else "host thunks"
+        for plane in device_planes or data.planes:
+            for line in plane.lines:
+                if device_planes and not line.name.startswith("Stream"):
+                    continue  # derived lines ("XLA Ops", "XLA Modules") would count twice
+                for event in line.events:
+                    stats = _stats(event)
+                    op = stats.get("hlo_op")
+                    if op is None and not device_planes:
+                        continue
+                    kernels.append((str(op or event.name), event.duration_ns * 1e-9))
+    return kernels, source
+
+
+def profile_layout(fn: Any, args: Sequence[Any]) -> list[dict[str, Any]]:
+    """Planes, lines and a few events with their stats of one profiled call: what a device's
+    profile holds, saved beside the results so the attribution can be checked."""
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as where:
+        with jax.profiler.trace(where):
+            jax.block_until_ready(fn(*args))
+        (path,) = glob.glob(os.path.join(where, "**", "*.xplane.pb"), recursive=True)
+        data = jax.profiler.ProfileData.from_file(path)
+        return [
+            {
+                "plane": plane.name,
+                "lines": [
+                    {
+                        "line": line.name,
+                        "events": [
+                            {"name": e.name, "ns": e.duration_ns, "stats": repr(_stats(e))[:400]}
+                            for e in list(line.events)[:6]
+                        ],
+                    }
+                    for line in plane.lines
+                ],
+            }
+            for plane in data.planes
+        ]
+
+
+def op_layer(op_name: str, known: set[str]) -> str:
+    """The layer an HLO op belongs to from its ``op_name`` (``jit(step)/<name stack>/<primitive>``):
+    the longest known layer label that prefixes its module path; "(optimizer)" for the update,
+    "(forward)" / "(backward)" when no label matches (as `report.layer_name` names nodes
+    without one)."""
+    stack = "/".join(op_name.split("/")[1:-1])
+    phase = phase_of(stack)
+    if phase == UPDATE:
+        return "(optimizer)"
+    label = layer_of(stack)
+    while label and label not in known:
+        label = label.rpartition("/")[0]
+    return label or ("(backward)" if phase == BACKWARD else "(forward)")
+
+
+def in_step_layer_seconds(
+    fn: Any, args: Sequence[Any], known: set[str], calls: int
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Per layer label, device seconds per step spent in its kernels inside the whole compiled
+    step (kernels attributed by their HLO op's name stack), and a summary: total kernel time per
+    step, what could not be attributed, and where the kernels were read."""
+    jitted = jax.jit(fn)
+    names, inferred = hlo_op_names(jitted.lower(*args).compile().as_text())
+    norm = {re.sub(r"[.\-]", "_", n): n for n in names}
+    kernels, source = profile_kernels(jitted, args, calls)
+    per_layer: dict[str, float] = {}
+    per_op: dict[str, list] = {}  # HLO op -> [op_name, layer, seconds per step, kernels]
+    unknown = guessed = 0.0
+    for op, seconds in kernels:
+        hlo = op if op in names else norm.get(re.sub(r"[.\-]", "_", op))
+        if hlo is None:
+            unknown += seconds
+            continue
+        if hlo in inferred:
+            guessed += seconds
+        layer = op_layer(names[hlo], known)
+        per_layer[layer] = per_layer.get(layer, 0.0) + seconds / calls
+        entry = per_op.setdefault(hlo, [names[hlo], layer, 0.0, 0])
+        entry[2] += seconds / calls
+        entry[3] += 1
+    total = sum(s for _, s in kernels) / calls
+    return per_layer, {
+        "kernel_ms_per_step": total * 1e3,
+        "unmatched_ms_per_step": unknown / calls * 1e3,
+        "inferred_ms_per_step": guessed / calls * 1e3,
+        "kernels_per_step": len(kernels) / calls,
+        "read_from": source,
+        "ops": sorted(
+            (
+                {"op": k, "op_name": v[0], "layer": v[1], "ms": v[2] * 1e3, "kernels": v[3] / calls}
+                for k, v in per_op.items()
+            ),
+            key=lambda d: -d["ms"],
+        ),
+        "optimizer_ms": per_layer.get("(optimizer)", 0.0) * 1e3,
+        "unlabelled_ms": (per_layer.get("(forward)", 0.0) + per_layer.get("(backward)", 0.0)) * 1e3,
+    }
 
 
 def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -238,6 +477,18 @@ def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for source, p in plans.items():
         whole[f"{source}_ms"] = p.cost.compute_s * 1e3
         whole[f"{source}_ratio"] = p.cost.compute_s / step_s
+    known = {row["layer"] for row in rows}
+    in_step, profile = in_step_layer_seconds(ex.step, (state, batch), known, calls=args.calls)
+    by_equation = {s: predicted_by_equation_layer(p, known) for s, p in plans.items()}
+    for row in rows:
+        row["in_step_ms"] = in_step.get(row["layer"], 0.0) * 1e3
+        for source in plans:
+            row[f"{source}_eqn_ms"] = by_equation[source].get(row["layer"], 0.0) * 1e3
+            row[f"{source}_in_step_ratio"] = row[f"{source}_eqn_ms"] / max(row["in_step_ms"], 1e-9)
+    whole["profile"] = profile
+    units = block_rows(rows, list(plans))
+    brief = {k: v for k, v in profile.items() if k != "ops"}
+    print(f"{name}: in-step profile {brief}", flush=True)
     return {
         "model": name,
         "small": args.small,
@@ -246,27 +497,66 @@ def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "dispatch_floor_ms": floor_s * 1e3,
         "step": whole,
         "summary": {s: summarize(rows, s) for s in plans},
+        "summary_in_step": {s: summarize(rows, s, "in_step") for s in plans},
+        "blocks": units,
+        "summary_blocks": {s: summarize(units, s, "in_step") for s in plans},
     }
 
 
-def summarize(rows: list[dict], source: str) -> dict[str, Any]:
-    """Within 10 %, median ratio, and the worst layers, for one prediction source."""
-    ratios = [r[f"{source}_ratio"] for r in rows]
-    within = [r for r in rows if 0.9 <= r[f"{source}_ratio"] <= 1.1]
-    by_error = sorted(rows, key=lambda r: -abs(np.log(max(r[f"{source}_ratio"], 1e-9))))
-    bound = [r for r in rows if r.get("device_bound", True)]
+def block_unit(label: str) -> str:
+    """The repeated block a layer label sits in (``ResNet/stage1_block2/conv1`` ->
+    ``ResNet/stage1_block2``, ``GPT/block3/attn/qkv`` -> ``GPT/block3``), else the label."""
+    found = block_of(label)
+    if found is None:
+        return label
+    family, index = found
+    return family.replace("#", str(index))
+
+
+def block_rows(rows: list[dict], sources: list[str]) -> list[dict]:
+    """Layers summed per block (`block_unit`): predicted and in-step measured. A fusion that
+    XLA forms across two layers of a block is timed under one of them and priced under the
+    other; within the block it is one term on both sides."""
+    units: dict[str, dict] = {}
+    for r in rows:
+        u = units.setdefault(
+            block_unit(r["layer"]),
+            {"layer": block_unit(r["layer"]), "layers": 0, "gflop": 0.0, "in_step_ms": 0.0},
+        )
+        u["layers"] += 1
+        u["gflop"] += r["gflop"]
+        u["in_step_ms"] += r.get("in_step_ms", 0.0)
+        for source in sources:
+            u[f"{source}_ms"] = u.get(f"{source}_ms", 0.0) + r[f"{source}_eqn_ms"]
+    for u in units.values():
+        for source in sources:
+            u[f"{source}_eqn_ms"] = u[f"{source}_ms"]
+            u[f"{source}_in_step_ratio"] = u[f"{source}_ms"] / max(u["in_step_ms"], 1e-9)
+    return list(units.values())
+
+
+def summarize(rows: list[dict], source: str, measure: str = "") -> dict[str, Any]:
+    """Within 10 %, median ratio, and the worst layers, for one prediction source against one
+    measurement: the layer run on its own (``measure=""``) or its kernels in the whole step
+    (``"in_step"``; layers that ran no kernel of their own there are left out)."""
+    key = f"{source}_{measure}_ratio" if measure else f"{source}_ratio"
+    measured = f"{measure}_ms" if measure else "measured_ms"
+    rows = [r for r in rows if r.get(measured, 0.0) > 0.0]
+    ratios = [r[key] for r in rows]
+    within = [r for r in rows if 0.9 <= r[key] <= 1.1]
+    by_error = sorted(rows, key=lambda r: -abs(np.log(max(r[key], 1e-9))))
+    bound = [r for r in rows if measure or r.get("device_bound", True)]
     return {
         "layers": len(rows),
         "within_10pct": len(within),
-        "within_25pct": sum(0.75 <= r[f"{source}_ratio"] <= 1.25 for r in rows),
+        "within_25pct": sum(0.75 <= r[key] <= 1.25 for r in rows),
         "median_ratio": statistics.median(ratios) if ratios else None,
         "device_bound_layers": len(bound),
-        "device_bound_within_10pct": sum(0.9 <= r[f"{source}_ratio"] <= 1.1 for r in bound),
-        "device_bound_median_ratio": (
-            statistics.median(r[f"{source}_ratio"] for r in bound) if bound else None
-        ),
-        "sum_ratio": sum(r[f"{source}_ms"] for r in rows) / sum(r["measured_ms"] for r in rows),
-        "worst": [(r["layer"], r[f"{source}_ratio"]) for r in by_error[:5]],
+        "device_bound_within_10pct": sum(0.9 <= r[key] <= 1.1 for r in bound),
+        "device_bound_median_ratio": (statistics.median(r[key] for r in bound) if bound else None),
+        "sum_ratio": sum(r[f"{source}_eqn_ms" if measure else f"{source}_ms"] for r in rows)
+        / sum(r[measured] for r in rows),
+        "worst": [(r["layer"], r[key]) for r in by_error[:5]],
     }
 
 
@@ -290,7 +580,12 @@ def markdown(results: list[dict], header: dict[str, Any]) -> str:
             "| device-bound layers within 10 % | their median ratio | worst (ratio) |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for source, s in res["summary"].items():
+        summaries = [(f"{k} vs layer alone", v) for k, v in res["summary"].items()]
+        summaries += [(f"{k} vs in step", v) for k, v in res.get("summary_in_step", {}).items()]
+        summaries += [
+            (f"{k} vs in step, per block", v) for k, v in res.get("summary_blocks", {}).items()
+        ]
+        for source, s in summaries:
             worst = ", ".join(f"{w} ({r:.2f})" for w, r in s["worst"][:3])
             lines.append(
                 f"| {source} | {s['within_10pct']} / {s['layers']} | {s.get('within_25pct')} | "
@@ -304,18 +599,45 @@ def markdown(results: list[dict], header: dict[str, Any]) -> str:
             f"Whole step (forward, backward and update): measured {w['measured_ms']:.3f} ms; "
             f"Σ t_C datasheet {w['datasheet_ms']:.3f} ms ({w['datasheet_ratio']:.2f}), "
             f"calibrated {w['calibrated_ms']:.3f} ms ({w['calibrated_ratio']:.2f}).",
+        ]
+        if res.get("blocks"):
+            profile = w.get("profile", {})
+            lines += [
+                "",
+                f"In-step profile ({profile.get('read_from')}): kernel time "
+                f"{profile.get('kernel_ms_per_step', 0):.3f} ms per step, of which optimizer "
+                f"{profile.get('optimizer_ms', 0):.3f} ms, unlabelled "
+                f"{profile.get('unlabelled_ms', 0):.3f} ms, attributed through an operand "
+                f"{profile.get('inferred_ms_per_step', 0):.3f} ms, unmatched "
+                f"{profile.get('unmatched_ms_per_step', 0):.3f} ms.",
+                "",
+                "| block | layers | GFLOP | in step ms | datasheet ms (ratio) | calibrated ms "
+                "(ratio) |",
+                "|---|---|---|---|---|---|",
+            ]
+            for u in res["blocks"]:
+                lines.append(
+                    f"| {u['layer']} | {u['layers']} | {u['gflop']:.3f} | {u['in_step_ms']:.4f} | "
+                    f"{u['datasheet_ms']:.4f} ({u['datasheet_in_step_ratio']:.2f}) | "
+                    f"{u['calibrated_ms']:.4f} ({u['calibrated_in_step_ratio']:.2f}) |"
+                )
+        lines += [
             "",
-            "| layer | GFLOP | kernels | measured ms | datasheet ms (ratio) | calibrated ms "
-            "(ratio) |",
-            "|---|---|---|---|---|---|",
+            "| layer | GFLOP | kernels | alone ms | in step ms | datasheet: nodes ms (ratio "
+            "alone); equations ms (ratio in step) | calibrated: the same |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in res["layers"]:
             bound = "" if r.get("device_bound", True) else " (floor)"
             lines.append(
                 f"| {r['layer']} | {r['gflop']:.3f} | {r.get('kernels', '')} | "
-                f"{r['measured_ms']:.4f}{bound} | "
-                f"{r['datasheet_ms']:.4f} ({r['datasheet_ratio']:.2f}) | "
-                f"{r['calibrated_ms']:.4f} ({r['calibrated_ratio']:.2f}) |"
+                f"{r['measured_ms']:.4f}{bound} | {r.get('in_step_ms', float('nan')):.4f} | "
+                f"{r['datasheet_ms']:.4f} ({r['datasheet_ratio']:.2f}); "
+                f"{r.get('datasheet_eqn_ms', float('nan')):.4f} "
+                f"({r.get('datasheet_in_step_ratio', float('nan')):.2f}) | "
+                f"{r['calibrated_ms']:.4f} ({r['calibrated_ratio']:.2f}); "
+                f"{r.get('calibrated_eqn_ms', float('nan')):.4f} "
+                f"({r.get('calibrated_in_step_ratio', float('nan')):.2f}) |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -326,6 +648,11 @@ def before_after(before: list[dict], after: list[dict]) -> str:
     committed results of an older cost model) beside this run's."""
     lines = [
         "## Before and after",
+        "",
+        "Before: each layer run as a program of its own, priced by its nodes' t_C. After: the "
+        'same, and ("in step") each layer\'s kernels timed inside the whole profiled step, '
+        "priced by its equations' share of their kernels' t_k (`predicted_by_equation_layer`); "
+        '"blocks": summed per repeated block.',
         "",
         "| model | prediction | layers within 10 % | within 25 % | median ratio | Σ pred / Σ meas "
         "| whole step Σ t_C / measured |",
@@ -348,6 +675,16 @@ def before_after(before: list[dict], after: list[dict]) -> str:
                     f"{doc['step'][f'{source}_ms']:.1f} / {doc['step']['measured_ms']:.1f} ms "
                     f"({doc['step'][f'{source}_ratio']:.2f}) |"
                 )
+            for key, what in (
+                ("summary_in_step", "in step"),
+                ("summary_blocks", "in step, blocks"),
+            ):
+                for source, sm in doc.get(key, {}).items():
+                    lines.append(
+                        f"| {res['model']} | {source} ({label}, {what}) | "
+                        f"{sm['within_10pct']} / {sm['layers']} | {sm['within_25pct']} | "
+                        f"{sm['median_ratio']:.2f} | {sm['sum_ratio']:.2f} | |"
+                    )
     return "\n".join(lines) + "\n\n"
 
 
@@ -383,6 +720,8 @@ def main() -> None:
     parser.add_argument("--datasheet", default="dgx-h100", help="the datasheet preset")
     parser.add_argument("--models", nargs="+", default=["resnet50", "gpt2_124m"])
     parser.add_argument("--small", action="store_true", help="the small test configs")
+    parser.add_argument("--calls", type=int, default=5, help="profiled steps (in-step timing)")
+    parser.add_argument("--layout", help="write the profile's planes/lines of one step here")
     parser.add_argument("--json", default=None)
     parser.add_argument("--md", default=None)
     parser.add_argument(
@@ -403,14 +742,21 @@ def main() -> None:
         "calibration": args.calibration,
         "datasheet": args.datasheet,
     }
+    if args.layout:
+        x = jnp.ones((256, 256), jnp.float32)
+        with open(args.layout, "w") as f:
+            json.dump(profile_layout(jax.jit(lambda x: jnp.tanh(x @ x) + 1.0), (x,)), f, indent=1)
     results = []
     for name in args.models:
         res = measure_model(name, args)
         results.append(res)
-        for source, s in res["summary"].items():
+        summaries = [(f"{k} alone", v) for k, v in res["summary"].items()]
+        summaries += [(f"{k} in step", v) for k, v in res["summary_in_step"].items()]
+        summaries += [(f"{k} per block", v) for k, v in res["summary_blocks"].items()]
+        for source, s in summaries:
             worst = ", ".join(f"{w} {r:.2f}" for w, r in s["worst"][:3])
             print(
-                f"  {source:<10} within 10 %: {s['within_10pct']}/{s['layers']}, median ratio "
+                f"  {source:<18} within 10 %: {s['within_10pct']}/{s['layers']}, median ratio "
                 f"{s['median_ratio']:.3f}; worst: {worst}"
             )
         w = res["step"]

@@ -46,6 +46,8 @@ FUSING_READERS = frozenset(
 ALIASES = ("reshape", "squeeze", "expand_dims")
 # Producers XLA recomputes inside fusing readers rather than writing their results
 RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES))
+# Reductions XLA's multi-output fusion runs as one kernel when they are siblings (`shared_reads`)
+REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "reduce_prod"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +146,7 @@ class _ProgramIndex:
     readers: dict[int, list[int]]  # tensor -> equations reading it
     results: frozenset[int]  # the program's results
     sources: dict[int, tuple[int, ...]]  # memo of `_sources`
+    siblings: dict[int, tuple[tuple[int, int], ...]] | None = None  # memo of `shared_reads`
 
 
 _INDEX: dict[int, tuple[weakref.ref, _ProgramIndex]] = {}
@@ -215,6 +218,43 @@ def _sources(program: Program, tid: int, fusing: bool) -> tuple[int, ...]:
     return hit
 
 
+def shared_reads(program: Program) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Reduction equation -> (tensor, earlier sibling equation) for each tensor it reads from
+    memory (`_sources` of its operand) that an earlier sibling reduction already reads.
+
+    XLA's multi-output fusion runs reductions of the same operand shape over the same axes that
+    read a common tensor and do not depend on each other as one kernel reading it once (a
+    batch norm's Σx and Σx², the Σdy and Σdy·x̂ of its backward): the later sibling's kernel
+    does not read it again.
+
+    Only direct dependence is checked (the later reduction reading the earlier one's result
+    through its fused producers, as softmax's Σexp(x - max x) does); a dependence through
+    another kernel is not seen.
+    """
+    index = _index(program)
+    if index.siblings is not None:
+        return index.siblings
+    first: dict[tuple, Equation] = {}  # (tensor read, operand shape, axes) -> first reduction
+    shared: dict[int, tuple[tuple[int, int], ...]] = {}
+    for eqn in program.eqns:
+        op = eqn.inputs[0] if eqn.inputs else None
+        if eqn.primitive not in REDUCTIONS or op is None:
+            continue
+        kind = (program.tensors[op].shape, tuple(eqn.params.get("axes", ())))
+        reads = _sources(program, op, True)
+        mine = []
+        for src in reads:
+            earlier = first.get((src, *kind))
+            if earlier is not None and earlier.outputs[0] not in reads:
+                mine.append((src, earlier.index))
+            else:
+                first.setdefault((src, *kind), eqn)
+        if mine:
+            shared[eqn.index] = tuple(mine)
+    index.siblings = shared
+    return shared
+
+
 def node_kernels(ng: NodeGraph, node: Node) -> tuple[Kernel, ...]:
     """The kernels XLA runs for ``node``, the way it fuses (docs/design.md, "Compute t_C").
 
@@ -230,9 +270,12 @@ def node_kernels(ng: NodeGraph, node: Node) -> tuple[Kernel, ...]:
       writes nothing runs inside its readers' kernels: it keeps its FLOPs but reads nothing
       and costs no launch (`Kernel.runs`).
     - Scan carries, slices, stacks and cond merges (`graph.REGION_PRIMITIVES`) move no data.
+    - A kernel holding a reduction with an earlier sibling in another kernel (`shared_reads`)
+      does not read the tensors they share: the sibling's kernel reads them for both.
     """
     program = ng.program
     eqns = program.eqns
+    siblings = shared_reads(program)
     live = [i for i, m in enumerate(node.members) if m.eqn >= 0 and _moves_data(eqns[m.eqn])]
     if not live:
         return ()
@@ -261,7 +304,15 @@ def node_kernels(ng: NodeGraph, node: Node) -> tuple[Kernel, ...]:
                 outside = any(r not in own for r in index.readers.get(t, ()))
                 if t in index.results or (outside and not recomputed(program, t)):
                     writes.setdefault(t, mp)
-        kernel_reads = tuple((s, t, mp) for s, (t, mp) in reads.items()) if writes else ()
+        skip = {
+            src
+            for i in group
+            for src, earlier in siblings.get(node.members[i].eqn, ())
+            if earlier not in own
+        }
+        kernel_reads = (
+            tuple((s, t, mp) for s, (t, mp) in reads.items() if s not in skip) if writes else ()
+        )
         kernels.append(Kernel(tuple(group), kernel_reads, tuple(writes.items()), contraction))
     return tuple(kernels)
 
