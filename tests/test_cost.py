@@ -254,6 +254,48 @@ def test_an_elementwise_result_read_by_one_reduction_is_computed_inside_it():
     assert node_work(ng, node, [(-1,)], _params()).kernels == 1
 
 
+def _reduce_nodes(ng):
+    return [
+        n for n in ng.nodes if n.anchor >= 0 and "reduce" in ng.program.eqns[n.anchor].primitive
+    ]
+
+
+def test_sibling_reductions_share_their_read():
+    """A batch norm's Σx and Σx² over the same axes: XLA's multi-output fusion reads x once, so
+    the later reduction's kernel reads nothing from memory; softmax's Σexp(x − max x) reads the
+    max it depends on, so it is no sibling and reads x again."""
+    import jax.numpy as jnp
+
+    from jaxpar.cost import node_kernels, shared_reads
+
+    def stats(x):
+        return x.sum(axis=0), (x * x).sum(axis=0)
+
+    ng = _tiny_program(stats, (32, 8))
+    T = ng.program.tensors
+    first, second = (node_kernels(ng, n) for n in _reduce_nodes(ng))
+    assert [[T[s].shape for s, _, _ in k.reads] for k in first] == [[(32, 8)]]
+    assert [[T[s].shape for s, _, _ in k.reads] for k in second] == [[]]
+    assert len(shared_reads(ng.program)) == 1
+    # over other axes they are no siblings: each reads x
+    ng = _tiny_program(lambda x: (x.sum(axis=0), (x * x).sum(axis=1)), (32, 8))
+    T = ng.program.tensors
+    reads = [
+        [T[s].shape for k in node_kernels(ng, n) for s, _, _ in k.reads] for n in _reduce_nodes(ng)
+    ]
+    assert reads == [[(32, 8)], [(32, 8)]]
+
+    def softmax_denominator(x):
+        m = x.max(axis=1, keepdims=True)
+        return jnp.exp(x - m).sum(axis=1)
+
+    ng = _tiny_program(softmax_denominator, (32, 8))
+    assert shared_reads(ng.program) == {}
+    T = ng.program.tensors
+    later = _reduce_nodes(ng)[-1]
+    assert (32, 8) in [T[s].shape for k in node_kernels(ng, later) for s, _, _ in k.reads]
+
+
 def test_saturation_curve():
     """rate = peak · f / (f + f_half): half the peak at f_half; time (f + f_half) / peak, so a
     split into n shards runs in (f / n + f_half) / peak, not f / (n · peak)."""
