@@ -211,7 +211,7 @@ def predicted_by_equation_layer(plan: Any, known: set[str]) -> dict[str, float]:
     for node in plan.ng.nodes:
         if node.phase not in (FORWARD, BACKWARD) or node.anchor < 0:
             continue
-        kernels = node_kernels(plan.ng, node)
+        kernels = node_kernels(plan.ng, node, plan.params.fusion)
         times = [kernel_seconds(plan, node, k) for k in kernels]
         t_c = plan.evaluation.node_rows[node.index].t_C
         assert abs(sum(times) - t_c) <= 1e-6 * max(t_c, 1e-9) + 1e-12, (node.index, times, t_c)

@@ -51,6 +51,30 @@ REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
 
 
 @dataclasses.dataclass(frozen=True)
+class FusionRules:
+    """How the target backend's XLA fuses, where backends differ (docs/design.md, "Compute t_C").
+
+    ``duplicate_producers``: an elementwise result read only by loop fusions is recomputed in
+    each of them, however many (XLA:GPU duplicates the producer: softmax's masked, shifted
+    exponentials are never written); without it, only a result with one reader is.
+    ``sibling_reductions``: sibling reductions share their read (`shared_reads`).
+    """
+
+    duplicate_producers: bool
+    sibling_reductions: bool
+
+
+ACCELERATOR_FUSION = FusionRules(duplicate_producers=True, sibling_reductions=True)
+CPU_FUSION = FusionRules(duplicate_producers=False, sibling_reductions=False)
+
+
+def fusion_for(platform: str) -> FusionRules:
+    """The rules of a mesh's platform: XLA:CPU's for a CPU mesh (its compiled program is what
+    `verify` checks), GPU/TPU rules for an accelerator or an abstract mesh."""
+    return CPU_FUSION if platform == "cpu" else ACCELERATOR_FUSION
+
+
+@dataclasses.dataclass(frozen=True)
 class CostParams:
     """Everything besides the graph that costs depend on."""
 
@@ -58,6 +82,7 @@ class CostParams:
     peak_flops: tuple[tuple[str, float], ...]  # dtype name -> FLOP/s of one device
     mem_bandwidth: float  # bytes/s of one device's memory
     objective: str = "time"  # one of OBJECTIVES
+    fusion: FusionRules = ACCELERATOR_FUSION  # how the target's XLA fuses (`fusion_for`)
 
     @property
     def kernel_overhead(self) -> float:
@@ -145,8 +170,9 @@ class _ProgramIndex:
     producer: dict[int, Equation]  # tensor -> the equation making it
     readers: dict[int, list[int]]  # tensor -> equations reading it
     results: frozenset[int]  # the program's results
-    sources: dict[int, tuple[int, ...]]  # memo of `_sources`
-    siblings: dict[int, tuple[tuple[int, int], ...]] | None = None  # memo of `shared_reads`
+    sources: dict[tuple[int, bool], tuple[int, ...]]  # memo of `_sources` per rule
+    fusing: dict[int, bool]  # memo of `_fuses`
+    siblings: dict[FusionRules, dict[int, tuple[tuple[int, int], ...]]]  # memo of `shared_reads`
 
 
 _INDEX: dict[int, tuple[weakref.ref, _ProgramIndex]] = {}
@@ -158,18 +184,20 @@ def _index(program: Program) -> _ProgramIndex:
     if hit is None or hit[0]() is not program:
         producer = {t: e for e in program.eqns for t in e.outputs}
         results = frozenset(t for t in program.outvars if t is not None)
-        hit = (weakref.ref(program), _ProgramIndex(producer, program.consumers(), results, {}))
+        index = _ProgramIndex(producer, program.consumers(), results, {}, {}, {})
+        hit = (weakref.ref(program), index)
         _INDEX[key] = hit
         weakref.finalize(program, _INDEX.pop, key, None)
     return hit[1]
 
 
-def recomputed(program: Program, tid: int) -> bool:
+def recomputed(program: Program, tid: int, rules: FusionRules = ACCELERATOR_FUSION) -> bool:
     """Whether tensor ``tid`` is never written to memory because XLA computes it inside the
-    kernel that reads it: a reshape's result is a bitcast of its operand (`ALIASES`); an
-    elementwise or layout result (`RECOMPUTED_PRODUCERS`) that is no program result and has one
-    reading equation, which fuses it (`_fuses`), is computed there (XLA's producer-consumer
-    fusion; a result with several readers is written once rather than recomputed in each)."""
+    kernels that read it: a reshape's result is a bitcast of its operand (`ALIASES`); an
+    elementwise or layout result (`RECOMPUTED_PRODUCERS`) that is no program result and whose
+    reading equations all fuse it (`_fuses`) is computed in each of them (XLA's
+    producer-consumer fusion). With one reader on every backend; with several only where the
+    backend duplicates producers (`FusionRules.duplicate_producers`), else it is written once."""
     index = _index(program)
     eqn = index.producer.get(tid)
     if eqn is None or tid in index.results:
@@ -177,48 +205,53 @@ def recomputed(program: Program, tid: int) -> bool:
     if eqn.primitive in ALIASES:
         return True
     readers = set(index.readers.get(tid, ()))
-    if eqn.primitive not in RECOMPUTED_PRODUCERS or len(readers) != 1:
+    if eqn.primitive not in RECOMPUTED_PRODUCERS or not readers:
         return False
-    return _fuses(program, readers.pop())
+    if len(readers) > 1 and not rules.duplicate_producers:
+        return False
+    return all(_fuses(program, r) for r in readers)
 
 
 def _fuses(program: Program, reader: int) -> bool:
     """Whether equation ``reader`` runs in a loop fusion that can compute its operands'
     producers (`FUSING_READERS`); a reshape fuses when every reader of its result does."""
     index = _index(program)
-    key = -1 - reader  # memo entries of equations, beside the tensors' `sources`
-    hit = index.sources.get(key)
+    hit = index.fusing.get(reader)
     if hit is None:
         eqn = program.eqns[reader]
-        ok = eqn.primitive in FUSING_READERS
-        if ok and eqn.primitive in ALIASES:
-            ok = all(_fuses(program, r) for t in eqn.outputs for r in index.readers.get(t, ()))
-        hit = (int(ok),)
-        index.sources[key] = hit
-    return bool(hit[0])
+        hit = eqn.primitive in FUSING_READERS
+        if hit and eqn.primitive in ALIASES:
+            hit = all(_fuses(program, r) for t in eqn.outputs for r in index.readers.get(t, ()))
+        index.fusing[reader] = hit
+    return hit
 
 
-def _sources(program: Program, tid: int, fusing: bool) -> tuple[int, ...]:
+def _sources(
+    program: Program, tid: int, fusing: bool, rules: FusionRules = ACCELERATOR_FUSION
+) -> tuple[int, ...]:
     """The tensors a kernel reads from memory to use ``tid``: through reshapes, their operand;
     for a loop fusion (``fusing``) reading a `recomputed` tensor, the sources of its
     producer's operands; else ``tid`` itself."""
     index = _index(program)
     eqn = index.producer.get(tid)
-    if eqn is None or not recomputed(program, tid):
+    if eqn is None or not recomputed(program, tid, rules):
         return (tid,)
     if eqn.primitive in ALIASES:
-        return _sources(program, eqn.inputs[0], fusing)
+        return _sources(program, eqn.inputs[0], fusing, rules)
     if not fusing:
         return (tid,)
-    hit = index.sources.get(tid)  # memo (fusing readers only)
+    key = (tid, rules.duplicate_producers)
+    hit = index.sources.get(key)  # memo (fusing readers only)
     if hit is None:
         ops = [t for t in eqn.inputs if t is not None]
-        hit = tuple(dict.fromkeys(s for t in ops for s in _sources(program, t, True)))
-        index.sources[tid] = hit
+        hit = tuple(dict.fromkeys(s for t in ops for s in _sources(program, t, True, rules)))
+        index.sources[key] = hit
     return hit
 
 
-def shared_reads(program: Program) -> dict[int, tuple[tuple[int, int], ...]]:
+def shared_reads(
+    program: Program, rules: FusionRules = ACCELERATOR_FUSION
+) -> dict[int, tuple[tuple[int, int], ...]]:
     """Reduction equation -> (tensor, earlier sibling equation) for each tensor it reads from
     memory (`_sources` of its operand) that an earlier sibling reduction already reads.
 
@@ -229,11 +262,14 @@ def shared_reads(program: Program) -> dict[int, tuple[tuple[int, int], ...]]:
 
     Only direct dependence is checked (the later reduction reading the earlier one's result
     through its fused producers, as softmax's Σexp(x - max x) does); a dependence through
-    another kernel is not seen.
+    another kernel is not seen. Empty where the backend does not (`FusionRules`).
     """
     index = _index(program)
-    if index.siblings is not None:
-        return index.siblings
+    if rules in index.siblings:
+        return index.siblings[rules]
+    if not rules.sibling_reductions:
+        index.siblings[rules] = {}
+        return {}
     first: dict[tuple, Equation] = {}  # (tensor read, operand shape, axes) -> first reduction
     shared: dict[int, tuple[tuple[int, int], ...]] = {}
     for eqn in program.eqns:
@@ -241,7 +277,7 @@ def shared_reads(program: Program) -> dict[int, tuple[tuple[int, int], ...]]:
         if eqn.primitive not in REDUCTIONS or op is None:
             continue
         kind = (program.tensors[op].shape, tuple(eqn.params.get("axes", ())))
-        reads = _sources(program, op, True)
+        reads = _sources(program, op, True, rules)
         mine = []
         for src in reads:
             earlier = first.get((src, *kind))
@@ -251,12 +287,15 @@ def shared_reads(program: Program) -> dict[int, tuple[tuple[int, int], ...]]:
                 first.setdefault((src, *kind), eqn)
         if mine:
             shared[eqn.index] = tuple(mine)
-    index.siblings = shared
+    index.siblings[rules] = shared
     return shared
 
 
-def node_kernels(ng: NodeGraph, node: Node) -> tuple[Kernel, ...]:
-    """The kernels XLA runs for ``node``, the way it fuses (docs/design.md, "Compute t_C").
+def node_kernels(
+    ng: NodeGraph, node: Node, rules: FusionRules = ACCELERATOR_FUSION
+) -> tuple[Kernel, ...]:
+    """The kernels XLA runs for ``node``, the way the target's XLA fuses (``rules``;
+    docs/design.md, "Compute t_C").
 
     - A contraction anchor (`CONTRACTION_PRIMITIVES`) is a kernel of its own (a library call):
       it reads its operands and writes its results.
@@ -275,7 +314,7 @@ def node_kernels(ng: NodeGraph, node: Node) -> tuple[Kernel, ...]:
     """
     program = ng.program
     eqns = program.eqns
-    siblings = shared_reads(program)
+    siblings = shared_reads(program, rules)
     live = [i for i, m in enumerate(node.members) if m.eqn >= 0 and _moves_data(eqns[m.eqn])]
     if not live:
         return ()
@@ -297,12 +336,12 @@ def node_kernels(ng: NodeGraph, node: Node) -> tuple[Kernel, ...]:
             for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
                 if t is None or mp is None or t in made:
                     continue
-                for s in _sources(program, t, not contraction):
+                for s in _sources(program, t, not contraction, rules):
                     if s not in made:
                         reads.setdefault(s, (t, mp))
             for t, mp in zip(eqn.outputs, m.out_maps, strict=True):
                 outside = any(r not in own for r in index.readers.get(t, ()))
-                if t in index.results or (outside and not recomputed(program, t)):
+                if t in index.results or (outside and not recomputed(program, t, rules)):
                     writes.setdefault(t, mp)
         skip = {
             src
@@ -391,7 +430,7 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
         return out
 
     flops, nbytes, seconds = np.zeros(n), np.zeros(n), np.zeros(n)
-    kernels = node_kernels(ng, node)
+    kernels = node_kernels(ng, node, params.fusion)
     for kernel in kernels:
         k_bytes = np.zeros(n)
         for s, t, mp in kernel.reads:  # s read for operand t: t's shard of s, at most all of s

@@ -23,7 +23,7 @@ from jax import tree_util
 from .budget import BudgetFit, fit_budget
 from .choose import Choice, choose
 from .combine import Combiner, combiner_for
-from .cost import CostParams
+from .cost import CostParams, fusion_for
 from .evaluate import EvalContext, is_grad_sync
 from .graph import Program
 from .hardware import Cluster
@@ -95,7 +95,7 @@ def target_for(mesh: Any, cluster: Any, objective: str) -> Target:
     cl = resolve_cluster(cluster, desc)
     axes = mesh_axes(cl, desc.names, desc.sizes, desc.device_ids)
     peak, mem_bw = slowest_device(cl, desc.sizes, desc.device_ids)
-    params = CostParams(axes, peak, mem_bw, objective)
+    params = CostParams(axes, peak, mem_bw, objective, fusion_for(desc.platform))
     memory = smallest_memory(cl, desc.sizes, desc.device_ids)
     speeds = mesh_speeds(cl, desc.sizes, desc.device_ids)
     return Target(desc, cl, params, speeds, memory, combiner_for(desc.platform, cl.device.name))

@@ -296,6 +296,44 @@ def test_sibling_reductions_share_their_read():
     assert (32, 8) in [T[s].shape for k in node_kernels(ng, later) for s, _, _ in k.reads]
 
 
+def test_fusion_rules_follow_the_backend():
+    """XLA:GPU recomputes an elementwise result in each of several fusing readers (softmax's
+    exp(x − max) in its sum and its division) and merges sibling reductions; XLA:CPU writes a
+    result with two readers once and reads it in each, and runs siblings apart. A CPU mesh
+    prices CPU rules, any other mesh the accelerator's."""
+    import jax.numpy as jnp
+
+    from jaxpar.cost import (
+        ACCELERATOR_FUSION,
+        CPU_FUSION,
+        fusion_for,
+        node_kernels,
+        recomputed,
+        shared_reads,
+    )  # fmt: skip
+
+    def softmax(x):
+        e = jnp.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    ng = _tiny_program(softmax, (32, 8))
+    program = ng.program
+    (exp,) = [e for e in program.eqns if e.primitive == "exp"]
+    assert len(program.consumers()[exp.outputs[0]]) == 2
+    assert recomputed(program, exp.outputs[0], ACCELERATOR_FUSION)
+    assert not recomputed(program, exp.outputs[0], CPU_FUSION)
+    written = {
+        rules: {t for n in ng.nodes for k in node_kernels(ng, n, rules) for t, _ in k.writes}
+        for rules in (ACCELERATOR_FUSION, CPU_FUSION)
+    }
+    assert exp.outputs[0] in written[CPU_FUSION] - written[ACCELERATOR_FUSION]
+    siblings = _tiny_program(lambda x: (x.sum(axis=0), (x * x).sum(axis=0)), (32, 8)).program
+    assert len(shared_reads(siblings, ACCELERATOR_FUSION)) == 1
+    assert shared_reads(siblings, CPU_FUSION) == {}
+    assert fusion_for("cpu") is CPU_FUSION
+    assert fusion_for("gpu") is fusion_for("tpu") is fusion_for("abstract") is ACCELERATOR_FUSION
+
+
 def test_saturation_curve():
     """rate = peak · f / (f + f_half): half the peak at f_half; time (f + f_half) / peak, so a
     split into n shards runs in (f / n + f_half) / peak, not f / (n · peak)."""
