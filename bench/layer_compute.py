@@ -11,6 +11,14 @@ median_seconds`: warm-up, back-to-back calls, median of repeats). Groups with id
 equations, shapes and wiring (the repeated blocks of a ResNet stage or a GPT) are timed once.
 The whole jitted step is timed too, beside Σ t_C of every node.
 
+In step: the whole step is also profiled (`jax.profiler`, ``--calls`` steps) and every kernel the
+device ran is attributed to a layer by its HLO instruction's ``op_name`` metadata (the JAX name
+stack; `hlo_op_names`, `op_layer`). That side is predicted per equation layer: each kernel of
+the model is split among its equations' layers by the elements they write
+(`predicted_by_equation_layer`), and both are also summed per repeated block (`block_rows`).
+On a GPU run it with ``XLA_FLAGS=--xla_gpu_enable_command_buffer=`` (kernels in a CUDA graph
+carry no ``hlo_op``).
+
     python bench/layer_compute.py --calibration bench/results/calibration_h100.json \\
         --datasheet dgx-h100 --json bench/results/layer_compute.json \\
         --md bench/results/layer_compute.md

@@ -125,6 +125,7 @@ ELEMENTWISE = [
     "abs",
     "integer_pow",
     "square",
+    "one_minus_square",  # 1 - x², tanh's derivative in jax >= 0.11
     "erf",
     "erfc",
     "erf_inv",
