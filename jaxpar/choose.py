@@ -26,7 +26,13 @@ from .evaluate import EvalContext, Evaluation, evaluate
 from .kcut import cut_order, kcut, project, restrict
 from .options import PlannerOptions
 from .search import Problem, eliminates, solve, solve_exact
-from .tables import ReshardTables, node_tables, pairwise_bound, pairwise_skeleton
+from .tables import (
+    ReshardTables,
+    combined_sync_problem,
+    node_tables,
+    pairwise_bound,
+    pairwise_skeleton,
+)  # fmt: skip
 
 Tick = Callable[[str], None]
 
@@ -195,6 +201,11 @@ def _run_elimination(
     sol = solve(narrow(tables.problem), starts=starts, budget=budget, on_round=on_round)
     found, lower, stats = [sol.assignment], None, dict(sol.stats)
     stats["objective"] = sol.objective
+    if ctx.params.objective == "overlap":  # one more candidate: gradient syncs combined
+        combined = combined_sync_problem(ctx.ng, tables, ctx.params, ctx.batch, ctx.combiner)
+        alt = solve(narrow(combined), starts=[*starts, sol.assignment], budget=budget)
+        found.append(alt.assignment)
+        stats["combined_sync_objective"] = alt.objective
     t0 = time.perf_counter()
     if sol.optimal and tables.exact:
         lower = sol.objective

@@ -29,6 +29,14 @@ class Combiner:
     max_bytes: float  # per combined all-reduce (result bytes per device)
     max_count: int  # operands per combined all-reduce
 
+    def latency_share(self, buffer_bytes: float) -> float:
+        """The share of one collective's latency an all-reduce of ``buffer_bytes`` (result bytes
+        per device) pays when the combiner packs it with independent others into groups of at
+        most ``max_bytes`` and ``max_count`` operands: max(min(1, b / max_bytes), 1 / max_count).
+        A group's latency spread over its members by their bytes; exact for groups filled to
+        the threshold."""
+        return max(min(1.0, buffer_bytes / self.max_bytes), 1.0 / self.max_count)
+
 
 # XLA:CPU runs cpu-all-reduce-combiner with no byte limit and at most 256 operands (measured on
 # jax 0.10: 28 gradient all-reduces of a data-parallel GPT step become one). XLA:GPU's default

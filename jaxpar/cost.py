@@ -21,7 +21,7 @@ import numpy as np
 
 from .collectives import ALL_REDUCE, PERMUTE, all_reduce_bytes, transfer_time
 from .configs import Config, degree, dim_degrees, shard_count, spec_of
-from .graph import REGION_PRIMITIVES, Equation, Program
+from .graph import BACKWARD, REGION_PRIMITIVES, Equation, Program
 from .hardware.calibration import CONV, MATMUL
 from .hardware.mesh_model import MeshAxes
 from .nodes import Node, NodeGraph
@@ -550,6 +550,12 @@ def node_collectives(
                 NodeCollective(PERMUTE, h_axes, n, hb, transfer_time(PERMUTE, hb, n, bw, lat), None)
             )
     return tuple(out)
+
+
+def is_grad_sync(node: Node, cfg: Config, batch: set[int]) -> bool:
+    """A backward node whose split reduced dim carries the batch reduces gradients (t_S)."""
+    red = set(node.space.reduce_dims)
+    return node.phase == BACKWARD and any(d in red and d in batch for d in cfg if d >= 0)
 
 
 def node_price(compute_s: float, colls: Sequence[NodeCollective], objective: str) -> float:

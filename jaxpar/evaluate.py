@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from .collectives import ALL_REDUCE, ring_steps
 from .combine import COMBINERS, AllReduceItem, Combiner, group_all_reduces, item_dependencies
 from .configs import spec_of, split_axes
-from .cost import CostParams, node_collectives, node_dtype, node_price
-from .graph import BACKWARD, shape_str
+from .cost import CostParams, is_grad_sync, node_collectives, node_dtype, node_price
+from .graph import shape_str
 from .hardware.speeds import MeshSpeeds
-from .nodes import Node, NodeGraph
+from .nodes import NodeGraph
 from .overlap import Timeline
 from .reshard import SLICE, reshard_path, step_time
 from .tables import CostTables
@@ -113,12 +113,6 @@ class EvalContext:
 def _tensor_name(ng: NodeGraph, tid: int) -> str:
     t = ng.program.tensors[tid]
     return f"{t.dtype}{shape_str(t.shape)}"
-
-
-def is_grad_sync(node: Node, cfg, batch: set[int]) -> bool:
-    """A backward node whose split reduced dim carries the batch reduces gradients (t_S)."""
-    red = set(node.space.reduce_dims)
-    return node.phase == BACKWARD and any(d in red and d in batch for d in cfg if d >= 0)
 
 
 def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:

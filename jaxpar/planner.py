@@ -23,8 +23,8 @@ from jax import tree_util
 from .budget import BudgetFit, fit_budget
 from .choose import Choice, choose
 from .combine import Combiner, combiner_for
-from .cost import CostParams, fusion_for
-from .evaluate import EvalContext, is_grad_sync
+from .cost import CostParams, fusion_for, is_grad_sync
+from .evaluate import EvalContext
 from .graph import Program
 from .hardware import Cluster
 from .hardware.mesh_model import mesh_axes, mesh_speeds, slowest_device, smallest_memory

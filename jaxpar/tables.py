@@ -28,9 +28,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .collectives import ring_steps
+from .collectives import ALL_REDUCE, ring_steps
+from .combine import Combiner
 from .configs import Config, Spec, node_configs, spec_of
-from .cost import CostParams, compute_times, unary_costs
+from .cost import (
+    CostParams,
+    compute_times,
+    is_grad_sync,
+    may_communicate,
+    node_collectives,
+    unary_costs,
+)  # fmt: skip
 from .graph import BACKWARD, FORWARD, UPDATE
 from .nodes import Node, NodeGraph
 from .reshard import SLICE, linear_tables, reshard_linear, reshard_path
@@ -356,3 +364,39 @@ def reads_by_tensor(ng: NodeGraph, uses: Sequence[EdgeUse]) -> list[list[EdgeUse
         key = (use.tensor, use.context)
         groups.setdefault(key, {}).setdefault((use.dst, use.dst_map), use)
     return [list(g.values()) for g in groups.values()]
+
+
+def combined_sync_problem(
+    ng: NodeGraph,
+    tables: CostTables,
+    params: CostParams,
+    batch: Sequence[set[int]],
+    combiner: Combiner,
+) -> Problem:
+    """``tables.problem`` with each gradient all-reduce's latency charged as XLA's all-reduce
+    combiner spreads it (`Combiner.latency_share`), searched under ``objective="overlap"``.
+
+    OptCNN's Eq. 1 charges every predicted collective its latency, so an unrolled step's
+    per-layer gradient all-reduces pay it once per layer and a scanned step's stacked gradient
+    once per loop, while XLA combines the independent gradient all-reduces of the unrolled step
+    (bench/README.md, issue 10). Per configuration the unary cost drops by
+    α · ring_steps · (1 − share) for each gradient all-reduce (× the node's trips); reshards
+    and other partial sums keep their latency (they are on the critical path, one after the
+    other). Every term is at most Eq. 1's, so a lower bound of this problem bounds Eq. 1 too.
+    """
+    problem = tables.problem
+    unary = []
+    for node, cfgs, u in zip(ng.nodes, tables.configs, problem.unary, strict=True):
+        saved = np.zeros(len(cfgs))
+        for i, cfg in enumerate(cfgs):
+            if not may_communicate(node, cfg) or not is_grad_sync(node, cfg, batch[node.index]):
+                continue
+            for c in node_collectives(ng, node, cfg, params.mesh):
+                if c.kind != ALL_REDUCE:
+                    continue
+                n, _, latency = params.mesh.group(c.axes)
+                buffer = c.nbytes * n / (2 * (n - 1))  # all_reduce_bytes, inverted
+                share = combiner.latency_share(buffer)
+                saved[i] += latency * ring_steps(ALL_REDUCE, n) * (1 - share)
+        unary.append(u - saved * ng.program.trips(node.region))
+    return Problem(unary, dict(problem.edges), list(problem.blocks), dict(problem.factors))
