@@ -392,7 +392,7 @@ def combined_sync_problem(
             if not may_communicate(node, cfg) or not is_grad_sync(node, cfg, batch[node.index]):
                 continue
             for c in node_collectives(ng, node, cfg, params.mesh):
-                if c.kind != ALL_REDUCE:
+                if c.kind != ALL_REDUCE or c.group_size < 2:  # one device: nothing to send
                     continue
                 n, _, latency = params.mesh.group(c.axes)
                 buffer = c.nbytes * n / (2 * (n - 1))  # all_reduce_bytes, inverted

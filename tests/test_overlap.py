@@ -147,6 +147,11 @@ def test_overlap_objective_on_one_device_is_certified():
     plan = jaxpar.plan(step, params, batch, mesh={"data": 1}, cluster="p100", objective="overlap")
     assert plan.optimal
     assert plan.cost.overlapped_step_s == pytest.approx(plan.lower_bound, rel=1e-9)
+    # an axis of one device beside a real one (one node of a cluster): no all-reduce over it
+    two = jaxpar.plan(
+        step, params, batch, mesh={"node": 1, "gpu": 2}, cluster="p100", objective="overlap"
+    )
+    assert two.cost.overlapped_step_s <= two.choice.baselines["data"][1].cost.overlapped_step_s
 
 
 @pytest.mark.closed_form
