@@ -190,10 +190,16 @@ def kernel_seconds(plan: Any, node: Any, kernel: Any) -> float:
     whole tensor)."""
     program, params = plan.program, plan.params
     tensors = program.tensors
+    bound = {t: b for t, b, _ in kernel.partial}
+
+    def part(t: int, full: float) -> float:
+        return min(full, tensors[t].itemsize * tensors[bound[t]].size) if t in bound else full
+
     nbytes = sum(
-        min(tensors[s].nbytes, tensors[s].itemsize * tensors[t].size) for s, t, _ in kernel.reads
+        part(s, min(tensors[s].nbytes, tensors[s].itemsize * tensors[t].size))
+        for s, t, _ in kernel.reads
     )
-    nbytes += sum(tensors[t].nbytes for t, _ in kernel.writes)
+    nbytes += sum(part(t, tensors[t].nbytes) for t, _ in kernel.writes)
     flop_s = 0.0
     for i in kernel.members:
         m = node.members[i]
@@ -211,9 +217,11 @@ def predicted_by_equation_layer(plan: Any, known: set[str]) -> dict[str, float]:
     """The plan's Σ t_C of the forward and backward nodes, per layer label of the *equations*
     (the label XLA's op metadata carries), not of the nodes: a planning node gathers the
     elementwise followers of its anchor, which may sit in other layers (a ResNet stage's
-    residual adds and ReLUs join the projection's node), so each kernel's t_k is shared among
-    its members' layers in proportion to the elements they write. Checks that the kernels add
-    up to each node's t_C."""
+    residual adds and ReLUs join the projection's node, an optimizer's update its gradient's),
+    so each kernel's t_k is shared among its members' layers in proportion to the elements
+    they write, each member labelled from its name stack as the profile's ops are (`op_layer`:
+    optimizer work goes to "(optimizer)", which the comparison leaves out). Checks that the
+    kernels add up to each node's t_C."""
     program = plan.program
     out: dict[str, float] = {}
     for node in plan.ng.nodes:
@@ -223,15 +231,11 @@ def predicted_by_equation_layer(plan: Any, known: set[str]) -> dict[str, float]:
         times = [kernel_seconds(plan, node, k) for k in kernels]
         t_c = plan.evaluation.node_rows[node.index].t_C
         assert abs(sum(times) - t_c) <= 1e-6 * max(t_c, 1e-9) + 1e-12, (node.index, times, t_c)
-        fallback = layer_name(plan, node.index)
         for kernel, seconds in zip(kernels, times, strict=True):
             weights: dict[str, float] = {}
             for i in kernel.members:
                 eqn = program.eqns[node.members[i].eqn]
-                label = layer_of(eqn.name_stack)
-                while label and label not in known:
-                    label = label.rpartition("/")[0]
-                label = label or fallback
+                label = op_layer("step/" + eqn.name_stack + "/" + eqn.primitive, known)
                 size = sum(program.tensors[t].size for t in eqn.outputs) or 1
                 weights[label] = weights.get(label, 0.0) + size
             total = sum(weights.values())

@@ -46,6 +46,17 @@ FUSING_READERS = frozenset(
 ALIASES = ("reshape", "squeeze", "expand_dims")
 # Producers XLA recomputes inside fusing readers rather than writing their results
 RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES))
+# Indexing that touches part of a tensor (`node_kernels`): equation -> (operand position read
+# only where the result or update lands, operand position bounding that part, whether the
+# result is written in place over the operand: a scatter updates its operand's buffer)
+PARTIAL_ACCESS = {
+    "gather": (0, -1, False),  # -1: the result
+    "dynamic_slice": (0, -1, False),
+    "scatter-add": (0, 2, True),
+    "scatter_add": (0, 2, True),
+    "scatter": (0, 2, True),
+    "dynamic_update_slice": (0, 1, True),
+}
 # Reductions XLA's multi-output fusion runs as one kernel when they are siblings (`shared_reads`)
 REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "reduce_prod"))
 
@@ -155,6 +166,9 @@ class Kernel:
     reads: tuple[tuple[int, int, DimMap], ...]
     writes: tuple[tuple[int, DimMap], ...]  # tensors read after it (or program results), once
     contraction: bool  # a library call (dot_general / conv), priced by its FLOP-rate curve
+    # tensor read or written only in part (`PARTIAL_ACCESS`) -> (the tensor whose shard bounds
+    # the bytes, its map): a gather reads what it gathers, a scatter writes what it updates
+    partial: tuple[tuple[int, int, DimMap], ...] = ()
 
     @property
     def runs(self) -> bool:
@@ -311,6 +325,10 @@ def node_kernels(
     - Scan carries, slices, stacks and cond merges (`graph.REGION_PRIMITIVES`) move no data.
     - A kernel holding a reduction with an earlier sibling in another kernel (`shared_reads`)
       does not read the tensors they share: the sibling's kernel reads them for both.
+    - Indexing touches part of a tensor (`PARTIAL_ACCESS`, `Kernel.partial`): a gather or
+      dynamic slice reads its result's worth of its operand; a scatter or dynamic update
+      updates its operand in place, reading and writing its update's worth (XLA reuses the
+      operand's buffer). A tensor the kernel also reads whole keeps its whole read.
     """
     program = ng.program
     eqns = program.eqns
@@ -352,8 +370,44 @@ def node_kernels(
         kernel_reads = (
             tuple((s, t, mp) for s, (t, mp) in reads.items() if s not in skip) if writes else ()
         )
-        kernels.append(Kernel(tuple(group), kernel_reads, tuple(writes.items()), contraction))
+        partial = _partial_access(program, node, group, rules)
+        kernels.append(
+            Kernel(tuple(group), kernel_reads, tuple(writes.items()), contraction, partial)
+        )
     return tuple(kernels)
+
+
+def _partial_access(
+    program: Program, node: Node, group: Sequence[int], rules: FusionRules
+) -> tuple[tuple[int, int, DimMap], ...]:
+    """`Kernel.partial` of the members ``group``: for each indexing member (`PARTIAL_ACCESS`),
+    the tensors it reads for its operand, and in place its result, bounded by the result's or
+    the update's shard; not where another member of the kernel reads the tensor whole."""
+    bounded: dict[int, tuple[int, DimMap]] = {}
+    whole: set[int] = set()
+    for i in group:
+        m = node.members[i]
+        eqn = program.eqns[m.eqn]
+        access = PARTIAL_ACCESS.get(eqn.primitive)
+        for k, (t, mp) in enumerate(zip(eqn.inputs, m.in_maps, strict=True)):
+            if t is None or mp is None:
+                continue
+            sources = _sources(program, t, False, rules)
+            if access is not None and k == access[0]:
+                if access[1] < 0:
+                    bound = (eqn.outputs[0], m.out_maps[0])
+                else:
+                    bound = (eqn.inputs[access[1]], m.in_maps[access[1]])
+                if bound[0] is None or bound[1] is None:
+                    whole.update(sources)
+                    continue
+                for src in sources:
+                    bounded.setdefault(src, bound)
+                if access[2]:
+                    bounded.setdefault(eqn.outputs[0], bound)
+            else:
+                whole.update(sources)
+    return tuple((t, b, mp) for t, (b, mp) in bounded.items() if t not in whole)
 
 
 def _moves_data(eqn: Equation) -> bool:
@@ -408,6 +462,8 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
 
         bytes_k = Σ_{s read by k for operand t} min(nbytes(s), itemsize(s) · size(t) / shards(t))
                 + Σ_{t written by k} nbytes(t) / shards(t)
+                  (each term at most itemsize · size(b) / shards(b) where `Kernel.partial`
+                   bounds the tensor by b: a gather's result, a scatter's update)
         f_m     = flops_m · taps_m / deg_m            (taps: `conv_taps_fraction`, 1 but for convs)
         t_k     = overhead + max( Σ_{m ∈ k} f_m / rate_m(f_m) , bytes_k / mem_bandwidth )
         t_C     = Σ_k t_k
@@ -433,11 +489,20 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
     kernels = node_kernels(ng, node, params.fusion)
     for kernel in kernels:
         k_bytes = np.zeros(n)
+        bound = {t: (b, mp) for t, b, mp in kernel.partial}
+
+        def part(t: int, full: np.ndarray, bound: dict = bound) -> np.ndarray:
+            """At most the bound's shard of ``t`` (`Kernel.partial`)."""
+            if t not in bound:
+                return full
+            b, mp = bound[t]
+            return np.minimum(full, tensors[t].itemsize * tensors[b].size / shards(mp))
+
         for s, t, mp in kernel.reads:  # s read for operand t: t's shard of s, at most all of s
             shard_elements = tensors[t].size / shards(mp)
-            k_bytes += np.minimum(tensors[s].nbytes, tensors[s].itemsize * shard_elements)
+            k_bytes += part(s, np.minimum(tensors[s].nbytes, tensors[s].itemsize * shard_elements))
         for t, mp in kernel.writes:
-            k_bytes += tensors[t].nbytes / shards(mp)
+            k_bytes += part(t, tensors[t].nbytes / shards(mp))
         k_time = np.zeros(n)
         for i in kernel.members:
             m = node.members[i]

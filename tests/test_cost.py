@@ -334,6 +334,32 @@ def test_fusion_rules_follow_the_backend():
     assert fusion_for("gpu") is fusion_for("tpu") is fusion_for("abstract") is ACCELERATOR_FUSION
 
 
+def test_indexing_touches_only_its_part():
+    """A gather of 8 rows of a (1000, 64) table reads 8 rows' worth of it, not the table; a
+    scatter-add of 8 rows into it updates the table in place: 8 rows' worth read and written.
+    Without `PARTIAL_ACCESS` both kernels would move the whole 256 kB table."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxpar.cost import node_work
+    from jaxpar.nodes import build_nodes
+    from jaxpar.trace import trace
+
+    table = jax.ShapeDtypeStruct((1000, 64), jnp.float32)
+    index = jax.ShapeDtypeStruct((8,), jnp.int32)
+    rows = jax.ShapeDtypeStruct((8, 64), jnp.float32)
+    whole, part = 1000 * 64 * 4, 8 * 64 * 4
+    for fn, args, prim in (
+        (lambda x, i: x[i], (table, index), "gather"),
+        (lambda x, i, u: x.at[i].add(u), (table, index, rows), "scatter-add"),
+    ):
+        program, _ = trace(fn, args)
+        ng = build_nodes(program)
+        node = _node_of(ng, prim)
+        work = node_work(ng, node, [tuple(-1 for _ in range(1))], _params(sizes=(2,)))
+        assert 2 * part <= work.nbytes[0] <= 4 * part < whole / 10, (prim, work.nbytes)
+
+
 def test_saturation_curve():
     """rate = peak · f / (f + f_half): half the peak at f_half; time (f + f_half) / peak, so a
     split into n shards runs in (f / n + f_half) / peak, not f / (n · peak)."""
