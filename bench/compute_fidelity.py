@@ -5,7 +5,7 @@ simulated CPU devices, meshes (8,), (2,4), (2,2,2), strategies auto and data) an
 models, the applied step is compiled (`jaxpar.auto_shard(...).lower(*args).compile()`) and its
 `cost_analysis()` (per device: the partitioned program) is set beside the plan's prediction,
 `cost.plan_work`: Σ over nodes of the per-device FLOPs and the fused memory traffic of their
-kernels (`cost.node_kernels`).
+kernels (`kernels.node_kernels`).
 
 XLA's "bytes accessed" also counts the collectives (operands + results: an all-reduce of S bytes
 per device accesses 2S, an all-gather S/n + S, a reduce-scatter (n + 1)·S, an all-to-all and a

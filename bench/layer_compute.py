@@ -55,8 +55,9 @@ import numpy as np
 import jaxpar
 import models
 from jaxpar.blocks import block_of
-from jaxpar.cost import conv_taps_fraction, kernel_time, node_kernels
+from jaxpar.cost import kernel_time
 from jaxpar.graph import BACKWARD, FORWARD, UPDATE, Program, layer_of, phase_of
+from jaxpar.kernels import conv_taps_fraction, node_kernels
 from jaxpar.measure import Sweep, median_seconds
 from jaxpar.report import layer_name
 
@@ -252,7 +253,7 @@ def dispatch_floor() -> float:
 
 
 def group_kernels(plan: Any, group: LayerGroup) -> int:
-    """Kernels the cost model prices for the group's nodes (`cost.node_kernels`)."""
+    """Kernels the cost model prices for the group's nodes (`kernels.node_kernels`)."""
     return sum(len(node_kernels(plan.ng, plan.ng.nodes[n])) for n in group.nodes)
 
 

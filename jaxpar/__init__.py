@@ -6,7 +6,8 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     rules    primitive          -> iteration space (einsum-like maps)    rules
     nodes    Program + rules    -> planning nodes (ops + followers)      nodes, labels
     configs  node + mesh        -> configurations and layouts            configs
-    cost     cluster + nodes    -> t_C and node collectives (α-β)        hardware, collectives, cost
+    cost     cluster + nodes    -> kernels, t_C, node collectives (α-β)  hardware, collectives,
+                                                                       kernels, cost
     tables   nodes + reads      -> the two search problems               reshard, tables
     search   tables             -> elimination / descent, k-cut          search, kcut, baselines
     choose   searches           -> the plan, certified against a bound   choose, evaluate
@@ -18,8 +19,8 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     verify   compiled HLO       -> the collectives XLA emitted           verify
 
 The pure core (`graph`, `opspace`, `rules`, `rules_indexing`, `nodes`, `labels`, `configs`,
-`collectives`, `reshard`, `cost`, `tables`, `search`, `kcut`, `baselines`, `evaluate`, `verify`,
-`memory`, `budget`, `hardware`) imports no jax.
+`collectives`, `reshard`, `kernels`, `cost`, `tables`, `search`, `kcut`, `baselines`,
+`evaluate`, `verify`, `memory`, `budget`, `hardware`) imports no jax.
 """
 
 from . import distributed, verify

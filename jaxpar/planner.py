@@ -23,12 +23,13 @@ from jax import tree_util
 from .budget import BudgetFit, fit_budget
 from .choose import Choice, choose
 from .combine import Combiner, combiner_for
-from .cost import CostParams, fusion_for, is_grad_sync
+from .cost import CostParams, is_grad_sync
 from .evaluate import EvalContext
 from .graph import Program
 from .hardware import Cluster
 from .hardware.mesh_model import mesh_axes, mesh_speeds, slowest_device, smallest_memory
 from .hardware.speeds import MeshSpeeds
+from .kernels import fusion_for
 from .labels import batch_dims, node_labels
 from .memory import RESERVE_FRACTION, MemoryBudgetError, MemoryInputs, MemoryModel, arg_kind, gb
 from .meshes import MeshDescription, describe_mesh, resolve_cluster

@@ -71,7 +71,7 @@ def test_reshape_maps_major_dims():
 
 PURE_CORE = (
     "graph", "opspace", "rules", "rules_indexing", "rules_loops", "nodes", "labels", "configs",
-    "collectives", "reshard", "cost", "tables", "blocks", "combine", "overlap",
+    "collectives", "reshard", "kernels", "cost", "tables", "blocks", "combine", "overlap",
     "search", "kcut", "baselines", "evaluate", "memory", "budget", "verify", "hlo_text", "hardware",
     "hardware.devices",
     "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
@@ -194,7 +194,8 @@ def _matmul_bias_relu(x, w, b):
 def test_fused_traffic_of_a_matmul_bias_relu_node():
     """relu(x @ W + b) is one node and two kernels: the product reads x and W and writes y; the
     epilogue reads y and b (not its broadcast) and writes only the relu result."""
-    from jaxpar.cost import node_kernels, node_work
+    from jaxpar.cost import node_work
+    from jaxpar.kernels import node_kernels
 
     ng = _tiny_program(_matmul_bias_relu, (4, 8), (8, 16), (16,))
     node = _node_of(ng, "dot_general")
@@ -221,7 +222,8 @@ def test_fused_traffic_of_a_matmul_bias_relu_node():
 
 def test_kernel_time_is_overhead_plus_roofline_per_kernel():
     """t_C = Σ_k overhead + max(FLOPs_k / peak, bytes_k / bandwidth): memory-bound kernels here."""
-    from jaxpar.cost import compute_times, node_kernels, node_work
+    from jaxpar.cost import compute_times, node_work
+    from jaxpar.kernels import node_kernels
 
     ng = _tiny_program(_matmul_bias_relu, (4, 8), (8, 16), (16,))
     node = _node_of(ng, "dot_general")
@@ -240,7 +242,8 @@ def test_an_elementwise_result_read_by_one_reduction_is_computed_inside_it():
     """sum(y * y) after y = x @ W: the product y*y joins the dot's node but has one reader, a
     reduction, which recomputes it (XLA's producer-consumer fusion): the epilogue writes nothing
     and costs no launch, and the reduction reads y."""
-    from jaxpar.cost import node_kernels, node_work, recomputed
+    from jaxpar.cost import node_work
+    from jaxpar.kernels import node_kernels, recomputed
 
     ng = _tiny_program(lambda x, w: ((x @ w) * (x @ w)).sum(), (4, 8), (8, 16))
     node = _node_of(ng, "dot_general")
@@ -266,7 +269,7 @@ def test_sibling_reductions_share_their_read():
     max it depends on, so it is no sibling and reads x again."""
     import jax.numpy as jnp
 
-    from jaxpar.cost import node_kernels, shared_reads
+    from jaxpar.kernels import node_kernels, shared_reads
 
     def stats(x):
         return x.sum(axis=0), (x * x).sum(axis=0)
@@ -303,14 +306,14 @@ def test_fusion_rules_follow_the_backend():
     prices CPU rules, any other mesh the accelerator's."""
     import jax.numpy as jnp
 
-    from jaxpar.cost import (
+    from jaxpar.kernels import (  # fmt: skip
         ACCELERATOR_FUSION,
         CPU_FUSION,
         fusion_for,
         node_kernels,
         recomputed,
         shared_reads,
-    )  # fmt: skip
+    )
 
     def softmax(x):
         e = jnp.exp(x - x.max(axis=1, keepdims=True))
@@ -400,7 +403,7 @@ def test_conv_taps_fraction():
     input gradient of a stride-2 convolution (lhs dilation 2) skips the holes."""
     import jax
 
-    from jaxpar.cost import conv_taps_fraction
+    from jaxpar.kernels import conv_taps_fraction
     from jaxpar.trace import trace
 
     def conv(x, w, stride=(1, 1), dilation=(1, 1)):

@@ -1,0 +1,369 @@
+"""The kernels XLA makes of a planning node, and the memory traffic each one makes.
+
+`node_kernels` groups a node's equations the way the target backend's XLA fuses them
+(`FusionRules`: GPU/TPU and CPU differ): a contraction's library call, fused elementwise
+kernels, what each reads from and writes to device memory. `cost.node_work` prices them.
+
+Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+
+from .graph import REGION_PRIMITIVES, Equation, Program
+from .hardware.calibration import CONV, MATMUL
+from .nodes import Node, NodeGraph
+from .rules import ELEMENTWISE, DimMap
+
+# primitives priced by a calibration's throughput curves, and the curve kind of each
+MEASURED_PRIMITIVES = {"dot_general": MATMUL, "conv_general_dilated": CONV}
+# Equations XLA runs as a library call of their own (cuBLAS/cuDNN, Eigen/oneDNN, the MXU), with
+# their elementwise followers in a separate fused kernel.
+CONTRACTION_PRIMITIVES = tuple(MEASURED_PRIMITIVES)
+# Equations that move no data of their own: XLA makes a reshape a bitcast and fuses a broadcast
+# or an iota into its readers. A kernel of these alone is no kernel.
+FREE_PRIMITIVES = ("reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iota")
+# Loop-fusion consumers: XLA fuses an elementwise producer into them (recomputing it) rather
+# than writing its result to memory (`node_kernels`).
+FUSING_READERS = frozenset(
+    (*ELEMENTWISE, *FREE_PRIMITIVES, "transpose", "reduce_sum", "reduce_max", "reduce_min",
+     "reduce_prod", "argmax", "argmin", "select_n", "pad", "slice", "concatenate")
+)  # fmt: skip
+# Results that are bitcasts of their operand (never written; readers read the operand)
+ALIASES = ("reshape", "squeeze", "expand_dims")
+# Producers XLA recomputes inside fusing readers rather than writing their results
+RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES))
+# Indexing that touches part of a tensor (`node_kernels`): equation -> (operand position read
+# only where the result or update lands, operand position bounding that part, whether the
+# result is written in place over the operand: a scatter updates its operand's buffer)
+PARTIAL_ACCESS = {
+    "gather": (0, -1, False),  # -1: the result
+    "dynamic_slice": (0, -1, False),
+    "scatter-add": (0, 2, True),
+    "scatter_add": (0, 2, True),
+    "scatter": (0, 2, True),
+    "dynamic_update_slice": (0, 1, True),
+}
+# Reductions XLA's multi-output fusion runs as one kernel when they are siblings (`shared_reads`)
+REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "reduce_prod"))
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionRules:
+    """How the target backend's XLA fuses, where backends differ (docs/design.md, "Compute t_C").
+
+    ``duplicate_producers``: an elementwise result read only by loop fusions is recomputed in
+    each of them, however many (XLA:GPU duplicates the producer: softmax's masked, shifted
+    exponentials are never written); without it, only a result with one reader is.
+    ``sibling_reductions``: sibling reductions share their read (`shared_reads`).
+    """
+
+    duplicate_producers: bool
+    sibling_reductions: bool
+
+
+ACCELERATOR_FUSION = FusionRules(duplicate_producers=True, sibling_reductions=True)
+CPU_FUSION = FusionRules(duplicate_producers=False, sibling_reductions=False)
+
+
+def fusion_for(platform: str) -> FusionRules:
+    """The rules of a mesh's platform: XLA:CPU's for a CPU mesh (its compiled program is what
+    `verify` checks), GPU/TPU rules for an accelerator or an abstract mesh."""
+    return CPU_FUSION if platform == "cpu" else ACCELERATOR_FUSION
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One kernel XLA runs for (part of) a node, and the memory traffic it makes.
+
+    Tensors made and read inside the kernel stay in registers or on chip: only what it reads
+    from outside and what it writes for others cross device memory.
+    """
+
+    members: tuple[int, ...]  # positions in `Node.members`
+    # (tensor read from memory, the operand tensor it is read for, that operand's map in node
+    # dims), each tensor read once; the two differ where the operand is `recomputed`
+    reads: tuple[tuple[int, int, DimMap], ...]
+    writes: tuple[tuple[int, DimMap], ...]  # tensors read after it (or program results), once
+    contraction: bool  # a library call (dot_general / conv), priced by its FLOP-rate curve
+    # tensor read or written only in part (`PARTIAL_ACCESS`) -> (the tensor whose shard bounds
+    # the bytes, its map): a gather reads what it gathers, a scatter writes what it updates
+    partial: tuple[tuple[int, int, DimMap], ...] = ()
+
+    @property
+    def runs(self) -> bool:
+        """Whether it is a kernel of its own: one that writes nothing is computed inside the
+        kernels reading its results (its reads are theirs)."""
+        return bool(self.writes)
+
+
+@dataclasses.dataclass
+class _ProgramIndex:
+    """What `node_kernels` asks of every tensor, computed once per program."""
+
+    producer: dict[int, Equation]  # tensor -> the equation making it
+    readers: dict[int, list[int]]  # tensor -> equations reading it
+    results: frozenset[int]  # the program's results
+    sources: dict[tuple[int, bool], tuple[int, ...]]  # memo of `_sources` per rule
+    fusing: dict[int, bool]  # memo of `_fuses`
+    siblings: dict[FusionRules, dict[int, tuple[tuple[int, int], ...]]]  # memo of `shared_reads`
+
+
+_INDEX: dict[int, tuple[weakref.ref, _ProgramIndex]] = {}
+
+
+def _index(program: Program) -> _ProgramIndex:
+    key = id(program)
+    hit = _INDEX.get(key)
+    if hit is None or hit[0]() is not program:
+        producer = {t: e for e in program.eqns for t in e.outputs}
+        results = frozenset(t for t in program.outvars if t is not None)
+        index = _ProgramIndex(producer, program.consumers(), results, {}, {}, {})
+        hit = (weakref.ref(program), index)
+        _INDEX[key] = hit
+        weakref.finalize(program, _INDEX.pop, key, None)
+    return hit[1]
+
+
+def recomputed(program: Program, tid: int, rules: FusionRules = ACCELERATOR_FUSION) -> bool:
+    """Whether tensor ``tid`` is never written to memory because XLA computes it inside the
+    kernels that read it: a reshape's result is a bitcast of its operand (`ALIASES`); an
+    elementwise or layout result (`RECOMPUTED_PRODUCERS`) that is no program result and whose
+    reading equations all fuse it (`_fuses`) is computed in each of them (XLA's
+    producer-consumer fusion). With one reader on every backend; with several only where the
+    backend duplicates producers (`FusionRules.duplicate_producers`), else it is written once."""
+    index = _index(program)
+    eqn = index.producer.get(tid)
+    if eqn is None or tid in index.results:
+        return False
+    if eqn.primitive in ALIASES:
+        return True
+    readers = set(index.readers.get(tid, ()))
+    if eqn.primitive not in RECOMPUTED_PRODUCERS or not readers:
+        return False
+    if len(readers) > 1 and not rules.duplicate_producers:
+        return False
+    return all(_fuses(program, r) for r in readers)
+
+
+def _fuses(program: Program, reader: int) -> bool:
+    """Whether equation ``reader`` runs in a loop fusion that can compute its operands'
+    producers (`FUSING_READERS`); a reshape fuses when every reader of its result does."""
+    index = _index(program)
+    hit = index.fusing.get(reader)
+    if hit is None:
+        eqn = program.eqns[reader]
+        hit = eqn.primitive in FUSING_READERS
+        if hit and eqn.primitive in ALIASES:
+            hit = all(_fuses(program, r) for t in eqn.outputs for r in index.readers.get(t, ()))
+        index.fusing[reader] = hit
+    return hit
+
+
+def _sources(
+    program: Program, tid: int, fusing: bool, rules: FusionRules = ACCELERATOR_FUSION
+) -> tuple[int, ...]:
+    """The tensors a kernel reads from memory to use ``tid``: through reshapes, their operand;
+    for a loop fusion (``fusing``) reading a `recomputed` tensor, the sources of its
+    producer's operands; else ``tid`` itself."""
+    index = _index(program)
+    eqn = index.producer.get(tid)
+    if eqn is None or not recomputed(program, tid, rules):
+        return (tid,)
+    if eqn.primitive in ALIASES:
+        return _sources(program, eqn.inputs[0], fusing, rules)
+    if not fusing:
+        return (tid,)
+    key = (tid, rules.duplicate_producers)
+    hit = index.sources.get(key)  # memo (fusing readers only)
+    if hit is None:
+        ops = [t for t in eqn.inputs if t is not None]
+        hit = tuple(dict.fromkeys(s for t in ops for s in _sources(program, t, True, rules)))
+        index.sources[key] = hit
+    return hit
+
+
+def shared_reads(
+    program: Program, rules: FusionRules = ACCELERATOR_FUSION
+) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Reduction equation -> (tensor, earlier sibling equation) for each tensor it reads from
+    memory (`_sources` of its operand) that an earlier sibling reduction already reads.
+
+    XLA's multi-output fusion runs reductions of the same operand shape over the same axes that
+    read a common tensor and do not depend on each other as one kernel reading it once (a
+    batch norm's Σx and Σx², the Σdy and Σdy·x̂ of its backward): the later sibling's kernel
+    does not read it again.
+
+    Only direct dependence is checked (the later reduction reading the earlier one's result
+    through its fused producers, as softmax's Σexp(x - max x) does); a dependence through
+    another kernel is not seen. Empty where the backend does not (`FusionRules`).
+    """
+    index = _index(program)
+    if rules in index.siblings:
+        return index.siblings[rules]
+    if not rules.sibling_reductions:
+        index.siblings[rules] = {}
+        return {}
+    first: dict[tuple, Equation] = {}  # (tensor read, operand shape, axes) -> first reduction
+    shared: dict[int, tuple[tuple[int, int], ...]] = {}
+    for eqn in program.eqns:
+        op = eqn.inputs[0] if eqn.inputs else None
+        if eqn.primitive not in REDUCTIONS or op is None:
+            continue
+        kind = (program.tensors[op].shape, tuple(eqn.params.get("axes", ())))
+        reads = _sources(program, op, True, rules)
+        mine = []
+        for src in reads:
+            earlier = first.get((src, *kind))
+            if earlier is not None and earlier.outputs[0] not in reads:
+                mine.append((src, earlier.index))
+            else:
+                first.setdefault((src, *kind), eqn)
+        if mine:
+            shared[eqn.index] = tuple(mine)
+    index.siblings[rules] = shared
+    return shared
+
+
+def node_kernels(
+    ng: NodeGraph, node: Node, rules: FusionRules = ACCELERATOR_FUSION
+) -> tuple[Kernel, ...]:
+    """The kernels XLA runs for ``node``, the way the target's XLA fuses (``rules``;
+    docs/design.md, "Compute t_C").
+
+    - A contraction anchor (`CONTRACTION_PRIMITIVES`) is a kernel of its own (a library call):
+      it reads its operands and writes its results.
+    - Every other member (the elementwise followers and absorbed broadcasts; the anchor when it
+      is no contraction) is one fused kernel.
+    - A kernel reads each tensor it uses that is made outside it once, and writes each tensor it
+      makes that is read outside it, or is a program result, once; tensors made and read inside
+      it are not memory traffic, nor are dead results (XLA removes them).
+    - XLA fuses elementwise producers into loop-fusion readers: a `recomputed` tensor is not
+      written; its readers read what it is computed from (`_sources`) instead. A kernel that
+      writes nothing runs inside its readers' kernels: it keeps its FLOPs but reads nothing
+      and costs no launch (`Kernel.runs`).
+    - Scan carries, slices, stacks and cond merges (`graph.REGION_PRIMITIVES`) move no data.
+    - A kernel holding a reduction with an earlier sibling in another kernel (`shared_reads`)
+      does not read the tensors they share: the sibling's kernel reads them for both.
+    - Indexing touches part of a tensor (`PARTIAL_ACCESS`, `Kernel.partial`): a gather or
+      dynamic slice reads its result's worth of its operand; a scatter or dynamic update
+      updates its operand in place, reading and writing its update's worth (XLA reuses the
+      operand's buffer). A tensor the kernel also reads whole keeps its whole read.
+    """
+    program = ng.program
+    eqns = program.eqns
+    siblings = shared_reads(program, rules)
+    live = [i for i, m in enumerate(node.members) if m.eqn >= 0 and _moves_data(eqns[m.eqn])]
+    if not live:
+        return ()
+    groups = [live]
+    anchor_first = node.members[live[0]].eqn == node.anchor >= 0
+    if anchor_first and eqns[node.anchor].primitive in CONTRACTION_PRIMITIVES:
+        groups = [[live[0]], live[1:]]
+    index = _index(program)
+    kernels = []
+    for k, group in enumerate(groups):
+        contraction = len(groups) == 2 and k == 0
+        own = {node.members[i].eqn for i in group}
+        made = {t for i in group for t in eqns[node.members[i].eqn].outputs}
+        reads: dict[int, tuple[int, DimMap]] = {}
+        writes: dict[int, DimMap] = {}
+        for i in group:
+            m = node.members[i]
+            eqn = eqns[m.eqn]
+            for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
+                if t is None or mp is None or t in made:
+                    continue
+                for s in _sources(program, t, not contraction, rules):
+                    if s not in made:
+                        reads.setdefault(s, (t, mp))
+            for t, mp in zip(eqn.outputs, m.out_maps, strict=True):
+                outside = any(r not in own for r in index.readers.get(t, ()))
+                if t in index.results or (outside and not recomputed(program, t, rules)):
+                    writes.setdefault(t, mp)
+        skip = {
+            src
+            for i in group
+            for src, earlier in siblings.get(node.members[i].eqn, ())
+            if earlier not in own
+        }
+        kernel_reads = (
+            tuple((s, t, mp) for s, (t, mp) in reads.items() if s not in skip) if writes else ()
+        )
+        partial = _partial_access(program, node, group, rules)
+        kernels.append(
+            Kernel(tuple(group), kernel_reads, tuple(writes.items()), contraction, partial)
+        )
+    return tuple(kernels)
+
+
+def _partial_access(
+    program: Program, node: Node, group: Sequence[int], rules: FusionRules
+) -> tuple[tuple[int, int, DimMap], ...]:
+    """`Kernel.partial` of the members ``group``: for each indexing member (`PARTIAL_ACCESS`),
+    the tensors it reads for its operand, and in place its result, bounded by the result's or
+    the update's shard; not where another member of the kernel reads the tensor whole."""
+    bounded: dict[int, tuple[int, DimMap]] = {}
+    whole: set[int] = set()
+    for i in group:
+        m = node.members[i]
+        eqn = program.eqns[m.eqn]
+        access = PARTIAL_ACCESS.get(eqn.primitive)
+        for k, (t, mp) in enumerate(zip(eqn.inputs, m.in_maps, strict=True)):
+            if t is None or mp is None:
+                continue
+            sources = _sources(program, t, False, rules)
+            if access is not None and k == access[0]:
+                if access[1] < 0:
+                    bound = (eqn.outputs[0], m.out_maps[0])
+                else:
+                    bound = (eqn.inputs[access[1]], m.in_maps[access[1]])
+                if bound[0] is None or bound[1] is None:
+                    whole.update(sources)
+                    continue
+                for src in sources:
+                    bounded.setdefault(src, bound)
+                if access[2]:
+                    bounded.setdefault(eqn.outputs[0], bound)
+            else:
+                whole.update(sources)
+    return tuple((t, b, mp) for t, (b, mp) in bounded.items() if t not in whole)
+
+
+def _moves_data(eqn: Equation) -> bool:
+    return eqn.primitive not in REGION_PRIMITIVES
+
+
+def conv_taps_fraction(program: Program, eqn) -> float:
+    """The share of a convolution's window taps that land on input elements (1 for any other
+    equation): Π over spatial dims of valid taps / (output size · kernel size).
+
+    `rules` counts 2 · output elements · input features · kernel taps FLOPs; taps on padding
+    or, for the input gradient of a strided convolution (lhs dilation), on the holes between
+    input elements multiply zeros that neither XLA's cost analysis nor cuDNN's kernels count.
+    """
+    if eqn.primitive != "conv_general_dilated":
+        return 1.0
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    lhs = program.tensors[eqn.inputs[0]].shape
+    rhs = program.tensors[eqn.inputs[1]].shape
+    out = program.tensors[eqn.outputs[0]].shape
+    nsp = len(out) - 2
+    fraction = 1.0
+    for i in range(nsp):
+        n_in, k, n_out = lhs[dn.lhs_spec[2 + i]], rhs[dn.rhs_spec[2 + i]], out[dn.out_spec[2 + i]]
+        stride = p["window_strides"][i]
+        lo = p["padding"][i][0]
+        dl = (p["lhs_dilation"] or (1,) * nsp)[i]
+        dr = (p["rhs_dilation"] or (1,) * nsp)[i]
+        last = (n_in - 1) * dl  # the last input element in dilated coordinates
+        pos = np.arange(n_out)[:, None] * stride + np.arange(k)[None, :] * dr - lo
+        valid = (pos >= 0) & (pos <= last) & (pos % dl == 0)
+        fraction *= float(valid.mean()) if valid.size else 1.0
+    return fraction
