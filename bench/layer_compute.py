@@ -55,9 +55,9 @@ import numpy as np
 import jaxpar
 import models
 from jaxpar.blocks import block_of
-from jaxpar.cost import kernel_time
+from jaxpar.cost import node_work
 from jaxpar.graph import BACKWARD, FORWARD, UPDATE, Program, layer_of, phase_of
-from jaxpar.kernels import conv_taps_fraction, node_kernels
+from jaxpar.kernels import node_kernels
 from jaxpar.measure import Sweep, median_seconds
 from jaxpar.report import layer_name
 
@@ -186,34 +186,6 @@ def predicted(plan: Any, nodes: tuple[int, ...]) -> float:
     return float(sum(rows[n].t_C for n in nodes))
 
 
-def kernel_seconds(plan: Any, node: Any, kernel: Any) -> float:
-    """One kernel's t_k on a one-device mesh (`cost.node_work`'s formula with every shard the
-    whole tensor)."""
-    program, params = plan.program, plan.params
-    tensors = program.tensors
-    bound = {t: b for t, b, _ in kernel.partial}
-
-    def part(t: int, full: float) -> float:
-        return min(full, tensors[t].itemsize * tensors[bound[t]].size) if t in bound else full
-
-    nbytes = sum(
-        part(s, min(tensors[s].nbytes, tensors[s].itemsize * tensors[t].size))
-        for s, t, _ in kernel.reads
-    )
-    nbytes += sum(part(t, tensors[t].nbytes) for t, _ in kernel.writes)
-    flop_s = 0.0
-    for i in kernel.members:
-        m = node.members[i]
-        eqn = program.eqns[m.eqn]
-        if m.flops:
-            f = m.flops * conv_taps_fraction(program, eqn)
-            flop_s += f / float(params.flops_rates(tensors[eqn.outputs[0]].dtype, eqn.primitive, f))
-    overhead = params.kernel_overhead if kernel.runs else 0.0
-    return float(
-        kernel_time(np.asarray(flop_s), np.asarray(nbytes), params.mem_bandwidth, overhead)
-    )
-
-
 def predicted_by_equation_layer(plan: Any, known: set[str]) -> dict[str, float]:
     """The plan's Σ t_C of the forward and backward nodes, per layer label of the *equations*
     (the label XLA's op metadata carries), not of the nodes: a planning node gathers the
@@ -229,7 +201,8 @@ def predicted_by_equation_layer(plan: Any, known: set[str]) -> dict[str, float]:
         if node.phase not in (FORWARD, BACKWARD) or node.anchor < 0:
             continue
         kernels = node_kernels(plan.ng, node, plan.params.fusion)
-        times = [kernel_seconds(plan, node, k) for k in kernels]
+        work = node_work(plan.ng, node, [plan.config(node.index)], plan.params)
+        times = [float(t[0]) * plan.program.trips(node.region) for t in work.kernel_seconds]
         t_c = plan.evaluation.node_rows[node.index].t_C
         assert abs(sum(times) - t_c) <= 1e-6 * max(t_c, 1e-9) + 1e-12, (node.index, times, t_c)
         for kernel, seconds in zip(kernels, times, strict=True):

@@ -110,6 +110,7 @@ class NodeWork:
     nbytes: np.ndarray  # memory traffic of its kernels (`node_kernels`)
     seconds: np.ndarray  # t_C: Σ over kernels of `kernel_time`
     kernels: int  # kernels per run
+    kernel_seconds: tuple[np.ndarray, ...] = ()  # t_k per kernel of `node_kernels`, in order
 
 
 def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams) -> NodeWork:
@@ -144,6 +145,7 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
         return out
 
     flops, nbytes, seconds = np.zeros(n), np.zeros(n), np.zeros(n)
+    per_kernel = []
     kernels = node_kernels(ng, node, params.fusion)
     for kernel in kernels:
         k_bytes = np.zeros(n)
@@ -173,8 +175,9 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
             flops += f
         nbytes += k_bytes
         overhead = params.kernel_overhead if kernel.runs else 0.0
-        seconds += kernel_time(k_time, k_bytes, params.mem_bandwidth, overhead)
-    return NodeWork(flops, nbytes, seconds, sum(k.runs for k in kernels))
+        per_kernel.append(kernel_time(k_time, k_bytes, params.mem_bandwidth, overhead))
+        seconds += per_kernel[-1]
+    return NodeWork(flops, nbytes, seconds, sum(k.runs for k in kernels), tuple(per_kernel))
 
 
 def compute_times(
