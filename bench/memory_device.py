@@ -67,12 +67,7 @@ def run_case(case: str) -> dict[str, Any]:
     compiled = step.lower(*ex.args).compile()
     compile_s = time.perf_counter() - t0
     m = compiled.memory_analysis()
-    xla = (
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        - m.alias_size_in_bytes
-        + m.temp_size_in_bytes
-    )
+    xla = jaxpar.verify.compiled_peak_bytes(compiled)
     pred = step.plan.memory
     out: dict[str, Any] = {
         "case": case,

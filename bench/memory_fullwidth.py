@@ -46,12 +46,7 @@ def main() -> int:
     compiled = lowered.compile()
     compile_s = time.perf_counter() - t0
     m = compiled.memory_analysis()
-    actual = (
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        - m.alias_size_in_bytes
-        + m.temp_size_in_bytes
-    )
+    actual = jaxpar.verify.compiled_peak_bytes(compiled)
     pred = step.plan.memory
     out = {
         "command": "python " + " ".join(sys.argv),

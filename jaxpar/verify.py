@@ -319,6 +319,19 @@ def compiled_collectives(compiled: Any) -> list[HloCollective]:
     return parse_collectives(hlo_text, module_device_count(hlo_text))
 
 
+def compiled_peak_bytes(compiled: Any) -> int:
+    """Per-device memory of a ``jax.stages.Compiled`` as XLA's buffer assignment reports it
+    (`memory_analysis()`): arguments + outputs - aliases + temporaries, what
+    `MemoryEstimate.peak` predicts."""
+    m = compiled.memory_analysis()
+    return (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+    )
+
+
 def predicted_counts(predicted: list) -> dict[str, int]:
     """Collectives per step by kind, as the compiled program should hold them: every run of a
     loop body counted, and all-reduces counted once per combined group (`Collective.group`)."""

@@ -11,6 +11,7 @@ from helpers import assert_equivalent
 import jaxpar
 import models
 from jaxpar.memory import parse_bytes
+from jaxpar.verify import compiled_peak_bytes as compiled_peak
 
 MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b": 2, "c": 2}}
 # The model is a liveness walk over the jaxpr with XLA's fusion approximated by planning nodes
@@ -19,17 +20,6 @@ MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b
 # under auto, where XLA:CPU keeps more [b, s, d] buffers for the backward than the model and its
 # heap is fragmented); the issue's 10 % holds for the MLP and most GPT plans, not all.
 FIDELITY_BAND = (0.72, 1.13)
-
-
-def compiled_peak(compiled) -> float:
-    """arguments + outputs - aliases + temporaries, as `memory_analysis()` reports them."""
-    m = compiled.memory_analysis()
-    return (
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        - m.alias_size_in_bytes
-        + m.temp_size_in_bytes
-    )
 
 
 @functools.cache
