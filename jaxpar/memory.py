@@ -28,6 +28,9 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   GPU/TPU backend reduce-scatters a gradient that is only read in slices (sharded state) where
   it is produced.
 - Arguments are live for the whole step; a donated state argument's buffer holds its new value.
+- A result not aliased to a donated argument has an allocation of its own for the whole step;
+  buffers that die before it is written live inside it, as XLA assigns them
+  (`hosted_in_results`).
 
 `MemoryModel` precomputes what does not depend on the assignment, so the budget search can price
 many assignments. The Lagrangian proxy (`MemoryModel.node_bytes`) is linear in the node
@@ -39,9 +42,11 @@ budget less `MODEL_MARGIN`. Pure: numpy only.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -290,21 +295,6 @@ class MemoryModel:
         args = dict.fromkeys(ARG_KINDS, 0.0)
         for t in program.invars:
             args[inp.arg_kinds.get(t, "other")] += self._bytes(t, spec.get(t, ()))
-        n = self.n_eqns + 2
-        delta = np.zeros(n)
-        kinds = {FORWARD: np.zeros(n), BACKWARD: np.zeros(n), UPDATE: np.zeros(n)}
-        outputs = 0.0
-
-        def live(size: float, born: int, dies: int, phase: str) -> None:
-            if size <= 0:
-                return
-            born, dies = max(born, 0), max(dies, born)
-            delta[born] += size
-            delta[dies + 1] -= size
-            k = kinds.get(phase, kinds[UPDATE])
-            k[born] += size
-            k[dies + 1] -= size
-
         out_specs = {}
         for t in program.outvars:
             if t is not None:
@@ -312,29 +302,49 @@ class MemoryModel:
         syncs, sync_produced = self._sync_tensors(cfg)
         combine_at = self._combine_points(syncs) if inp.combine_syncs else {}
         scattered = set() if inp.combine_syncs else sync_produced
+        buffers: list[Buffer] = []
 
-        def tracked(t: int) -> Callable[[float, int, int, str], None]:
-            if record is None:
-                return live
-
-            def live_t(size: float, born: int, dies: int, phase: str) -> None:
+        def registers(t: int) -> Callable[[float, int, int, str], None]:
+            def live(size: float, born: int, dies: int, phase: str) -> None:
                 if size > 0:
-                    record.append((t, born, dies))
-                live(size, born, dies, phase)
+                    born = max(born, 0)
+                    buffers.append(Buffer(size, born, max(dies, born), phase, t))
 
-            return live_t
+            return live
 
         inherited: dict[int, tuple[int, int | None]] = {}
         for t in self.order:
             self._tensor_buffers(
                 t, self.reads[t], cfg, spec, out_specs, combine_at, scattered, inherited,
-                tracked(t),
+                registers(t),
             )  # fmt: skip
-        for t, s in out_specs.items():
-            if not (t in inp.feedback and inp.feedback[t] in inp.donated):
-                size = self._bytes(t, s)
-                outputs += size
-                tracked(t)(size, self.producer_eqn.get(t, -1), self.end, UPDATE)
+        own = [t for t in out_specs if not (t in inp.feedback and inp.feedback[t] in inp.donated)]
+        # a node's results are one (multi-output) fusion: all written by its first one
+        first: dict[int, int] = {}
+        for t in own:
+            if t in self.producer_eqn:
+                v = ng.node_of_eqn[self.producer_eqn[t]]
+                first[v] = min(first.get(v, self.end), self.producer_eqn[t])
+        results = [  # (bytes, equation writing it): an allocation of its own
+            (self._bytes(t, out_specs[t]),
+             first[ng.node_of_eqn[self.producer_eqn[t]]] if t in self.producer_eqn else 0)
+            for t in own
+        ]  # fmt: skip
+        outputs = sum(size for size, _ in results)
+        hosted = hosted_in_results(buffers, results)
+        n = self.n_eqns + 2
+        delta = np.zeros(n)
+        kinds = {FORWARD: np.zeros(n), BACKWARD: np.zeros(n), UPDATE: np.zeros(n)}
+        for i, (size, born, dies, phase, t) in enumerate(buffers):
+            if i in hosted:
+                continue
+            delta[born] += size
+            delta[dies + 1] -= size
+            k = kinds.get(phase, kinds[UPDATE])
+            k[born] += size
+            k[dies + 1] -= size
+            if record is not None:
+                record.append((t, born, dies))
         profile = np.cumsum(delta)[: self.n_eqns + 1]
         at = int(np.argmax(profile)) if len(profile) else 0
         live_at = {k: float(np.cumsum(v)[at]) for k, v in kinds.items()}
@@ -344,7 +354,7 @@ class MemoryModel:
             params=args["params"], optimizer=args["optimizer"], batch=args["batch"],
             other_args=args["other"], outputs=outputs, activations=live_at[FORWARD],
             gradients=live_at[BACKWARD], temporaries=live_at[UPDATE],
-            peak=sum(args.values()) + peak_live,
+            peak=sum(args.values()) + outputs + peak_live,
             peak_phase=self.phase_of_eqn[eq] if self.n_eqns else "",
             peak_layer=self.label_of_eqn[eq] if self.n_eqns else "", budget=budget,
             margin=CPU_MODEL_MARGIN if self.cpu else MODEL_MARGIN,
@@ -572,6 +582,57 @@ class MemoryModel:
             if stacked is not None and mp is not None:
                 out += inp.ng.program.tensors[stacked].nbytes / self._shards(node, mp)
         return out
+
+
+class Buffer(NamedTuple):
+    """A buffer of the step: its bytes per device and life, in equation indices."""
+
+    size: float
+    born: int
+    dies: int  # its last reader
+    phase: str
+    tensor: int
+
+
+def hosted_in_results(buffers: Sequence[Buffer], results: Sequence[tuple[float, int]]) -> set[int]:
+    """The buffers XLA places in the allocations of the step's results instead of its heap.
+
+    XLA's buffer assignment gives each result not aliased to a donated argument an allocation
+    of its own for the whole step, and lets a smaller buffer reuse such an allocation when their
+    live ranges do not interfere (`BufferAssigner::MaybeAssignBuffer`): buffers in decreasing
+    size, each into the smallest allocation it fits whose occupants it does not overlap. A
+    result is written where it is produced (near the step's end, by the update; a node's
+    results by its first), so gradients and activations that die by then live in it at no cost.
+    A buffer read last by the result's producer shares with it (an elementwise update in
+    place), as a gradient's partial sum does with its all-reduced sum. ``results``: (bytes,
+    equation writing it). Returns indices into ``buffers``. Measured against XLA:CPU's
+    assignment on steps whose state is not donated: tests/test_memory.py.
+    """
+    if not results:
+        return set()
+    # XLA tries the smallest allocation first, of equal ones the one made last (results are
+    # made in program order)
+    slots = sorted(range(len(results)), key=lambda r: (results[r][0], -results[r][1]))
+    sizes = [results[r][0] for r in slots]
+    taken: list[list[tuple[int, int, int]]] = [[] for _ in slots]  # occupied [born, dies]
+    free_until = [results[r][1] for r in slots]  # the result itself from there on
+    latest = max(free_until)
+    hosted = set()
+    order = sorted(range(len(buffers)), key=lambda i: (-buffers[i][0], buffers[i][1]))
+    for i in order:
+        size, born, dies, _, t = buffers[i]
+        if dies > latest:
+            continue
+        for j in range(bisect.bisect_left(sizes, size * (1 - 1e-12)), len(slots)):
+            if dies > free_until[j] or any(
+                b <= dies and born <= d and not (u == t and (d == born or b == dies))
+                for b, d, u in taken[j]
+            ):
+                continue
+            taken[j].append((born, dies, t))
+            hosted.add(i)
+            break
+    return hosted
 
 
 def generated_tensors(program) -> frozenset[int]:

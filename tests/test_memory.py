@@ -10,16 +10,17 @@ from helpers import assert_equivalent
 
 import jaxpar
 import models
-from jaxpar.memory import parse_bytes
+from jaxpar.memory import Buffer, hosted_in_results, parse_bytes
 from jaxpar.verify import compiled_peak_bytes as compiled_peak
 
 MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b": 2, "c": 2}}
-# The model is a liveness walk over the jaxpr with XLA's fusion approximated by planning nodes
-# and XLA:CPU's float32 dots, bitcast views and generated masks modelled (docs/design.md,
-# "Memory"). Measured on these plans: predicted/compiled 0.75-1.10 (the low end: GPT on mesh (8,)
-# under auto, where XLA:CPU keeps more [b, s, d] buffers for the backward than the model and its
-# heap is fragmented); the issue's 10 % holds for the MLP and most GPT plans, not all.
-FIDELITY_BAND = (0.72, 1.13)
+# The model is a liveness walk over the jaxpr with XLA's fusion approximated by planning nodes,
+# XLA:CPU's float32 dots, bitcast views and generated masks modelled, and buffers placed in the
+# allocations of results not donated (docs/design.md, "Memory"). Measured on these plans:
+# predicted/compiled 0.897-1.092, except GPT under auto on mesh (8,): 0.79 donated, 0.82 not
+# (XLA:CPU keeps more [b, s, d] buffers for the backward than the model).
+FIDELITY_BAND = (0.89, 1.10)
+WIDER_BAND = {("gpt_small", "8", "auto"): (0.76, 1.10)}
 
 
 @functools.cache
@@ -43,13 +44,36 @@ def test_predicted_peak_against_compiled(name, mesh, strategy, donate):
     compiled = step.lower(*ex.args).compile()
     actual, predicted = compiled_peak(compiled), step.plan.memory.peak
     m = compiled.memory_analysis()
-    lo, hi = FIDELITY_BAND
+    lo, hi = WIDER_BAND.get((name, mesh, strategy), FIDELITY_BAND)
     assert lo <= predicted / actual <= hi, (
         f"predicted {predicted / 1e6:.3f} MB vs compiled {actual / 1e6:.3f} MB\n"
         f"predicted:\n{step.plan.memory.breakdown()}\ncompiled: arguments "
         f"{m.argument_size_in_bytes}, outputs {m.output_size_in_bytes}, aliases "
         f"{m.alias_size_in_bytes}, temporaries {m.temp_size_in_bytes}"
     )
+
+
+@pytest.mark.closed_form
+def test_buffers_live_in_the_allocations_of_results_until_they_are_written():
+    """XLA's assignment: largest buffer first, into the smallest result allocation it fits
+    whose occupants it does not overlap, dying at the latest where the result is written."""
+    results = [(100.0, 10), (50.0, 20)]  # (bytes, equation writing the result)
+    buffers = [
+        Buffer(100.0, 0, 5, "forward", 1),  # -> the 100-byte result's allocation
+        Buffer(100.0, 3, 8, "forward", 2),  # overlaps the first there: heap
+        Buffer(40.0, 6, 9, "forward", 3),  # -> the 50-byte one
+        Buffer(60.0, 12, 30, "forward", 4),  # lives past where the 100-byte result is written
+        Buffer(30.0, 11, 20, "backward", 5),  # after the 40-byte one; read where it is written
+        Buffer(5.0, 1, 40, "backward", 6),  # outlives every result
+    ]
+    assert hosted_in_results(buffers, results) == {0, 2, 4}
+    assert hosted_in_results(buffers, []) == set()
+    # a gradient's partial sum and its all-reduced sum (one tensor, meeting at the all-reduce)
+    # share an allocation; two tensors meeting there do not
+    same = [Buffer(50.0, 0, 4, "backward", 7), Buffer(50.0, 4, 9, "backward", 7)]
+    assert hosted_in_results(same, [(50.0, 10)]) == {0, 1}
+    other = [Buffer(50.0, 0, 4, "backward", 7), Buffer(50.0, 4, 9, "backward", 8)]
+    assert hosted_in_results(other, [(50.0, 10)]) == {0}
 
 
 @pytest.mark.numerics
