@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 
@@ -250,13 +251,15 @@ def _walk_batch(
     latency = np.asarray(mesh.latency, dtype=np.float64)
     bandwidth = np.asarray(mesh.bandwidth, dtype=np.float64)
     k, base, total = len(sizes), rank + 1, len(src)
-    pw = (k + 1) ** np.arange(k + 1, dtype=np.int64)
+    # int32 where a dim's code fits it: less memory traffic, faster division
+    dtype = np.int32 if (k + 1) ** (k + 1) < 2**31 else np.int64
+    pw = (k + 1) ** np.arange(k + 1, dtype=dtype)
     out_fixed, out_per = np.zeros(total), np.zeros(total)
-    cc = np.zeros((total, rank), dtype=np.int64)  # current layout, per dim
-    tc = np.zeros((total, rank), dtype=np.int64)  # target layout
-    lc = np.zeros((total, rank), dtype=np.int64)
-    lt = np.zeros((total, rank), dtype=np.int64)
-    used = np.zeros(total, dtype=np.int64)
+    cc = np.zeros((total, rank), dtype=dtype)  # current layout, per dim
+    tc = np.zeros((total, rank), dtype=dtype)  # target layout
+    lc = np.zeros((total, rank), dtype=dtype)
+    lt = np.zeros((total, rank), dtype=dtype)
+    used = np.zeros(total, dtype=dtype)
     prod = np.array(held, dtype=np.int64)
     for a in range(k):  # axes in mesh order: each dim's axes ascending
         for codes, lay, lens, is_src in ((src, cc, lc, True), (dst, tc, lt, False)):
@@ -310,10 +313,11 @@ def _walk_batch(
         last = np.where(lcm > 0, c // pw[np.maximum(lcm - 1, 0)] - 1, -1)
         want = np.where(pre & (lcm < ltm), t // pw[lcm] % (k + 1) - 1, -2)
         movable = (lcm > 0) & ~pre
-        to = np.full((len(mv), rank), -1, dtype=np.int64)
-        for d in range(rank):
-            for d2 in reversed(range(rank)):
-                to[:, d] = np.where(want[:, d2] == last[:, d], d2, to[:, d])
+        wanting = np.full((len(mv), k), -1, dtype=np.int64)  # axis -> first dim wanting it
+        for d2 in reversed(range(rank)):
+            ok = np.nonzero(want[:, d2] >= 0)[0]
+            wanting[ok, want[ok, d2]] = d2
+        to = np.where(last >= 0, wanting[rows[:, None], np.maximum(last, 0)], -1)
         pick_to = np.full(len(mv), -1, dtype=np.int64)
         pick_any = np.full(len(mv), -1, dtype=np.int64)
         for d in reversed(range(rank)):
@@ -354,27 +358,40 @@ def _canonical(
     A dim with the same axes in both layouts is never touched by the walk (nothing leaves or
     enters it), and its axes are wanted nowhere else: they are dropped, their sizes' product
     kept as ``held`` (buffer sizes). Dims then empty in both are dropped, the others renumbered
-    in order (as `reshard_linear` drops dims whole in both)."""
-    k, base = len(sizes), rank + 1
-    ds = np.stack([src // base**a % base for a in range(k)], axis=1)
-    dt = np.stack([dst // base**a % base for a in range(k)], axis=1)
-    inert = np.zeros(ds.shape, dtype=bool)
-    for d in range(1, base):
-        same = ((ds == d) == (dt == d)).all(axis=1)
-        inert |= same[:, None] & (ds == d)
-    held = np.where(inert, np.asarray(sizes, dtype=np.int64), 1).prod(axis=1)
-    ds, dt = np.where(inert, 0, ds), np.where(inert, 0, dt)
-    occupied = np.zeros((len(src), base), dtype=bool)
-    rows = np.arange(len(src))
+    in order (as `reshard_linear` drops dims whole in both). Works on each dim's axes as a
+    bitmask (`_dim_masks`)."""
+    masks = _dim_masks(rank, len(sizes))
+    weight, held_of = _mask_tables(rank, tuple(sizes))
+    ms, mt = masks[src], masks[dst]  # (pairs, dims): each dim's axes
+    inert = (ms == mt) & (ms != 0)
+    held = held_of[np.bitwise_or.reduce(np.where(inert, ms, 0), axis=1)]
+    occupied = ((ms | mt) != 0) & ~inert
+    number = np.cumsum(occupied, axis=1) * occupied  # a kept dim's new number, from 1
+    return (number * weight[ms]).sum(axis=1), (number * weight[mt]).sum(axis=1), held
+
+
+@functools.lru_cache(maxsize=16)
+def _dim_masks(rank: int, k: int) -> np.ndarray:
+    """Per layout code of ``rank`` dims on ``k`` axes, per dim 1..rank, the bitmask of its axes
+    (column 0, "whole", is 0)."""
+    base = rank + 1
+    codes = np.arange(base**k)
+    masks = np.zeros((base**k, base), dtype=np.int64)
     for a in range(k):
-        occupied[rows, ds[:, a]] = True
-        occupied[rows, dt[:, a]] = True
-    occupied[:, 0] = False
-    number = np.cumsum(occupied, axis=1)
-    ds = np.where(ds > 0, np.take_along_axis(number, ds, axis=1), 0)
-    dt = np.where(dt > 0, np.take_along_axis(number, dt, axis=1), 0)
-    pw = base ** np.arange(k, dtype=np.int64)
-    return (ds * pw).sum(axis=1), (dt * pw).sum(axis=1), held
+        masks[codes, codes // base**a % base] |= 1 << a
+    masks[:, 0] = 0
+    return masks
+
+
+@functools.lru_cache(maxsize=16)
+def _mask_tables(rank: int, sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per bitmask of axes: Σ (rank + 1)^a over its axes (their digits in a code, for a dim
+    numbered 1), and the product of their sizes."""
+    k, base = len(sizes), rank + 1
+    bits = (np.arange(2**k)[:, None] >> np.arange(k)) & 1
+    weight = (bits * base ** np.arange(k)).sum(axis=1)
+    held = np.where(bits == 1, np.asarray(sizes), 1).prod(axis=1)
+    return weight, held
 
 
 class LinearTables:
@@ -391,6 +408,11 @@ class LinearTables:
         self.mesh, self.comm = mesh, objective == "comm"
         self.sizes = tuple(mesh.sizes)
         self.dense: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # walks of canonical pairs (`_canonical`), shared by every rank: sorted keys, values
+        self.unit = 1  # dims per axis in a key: every rank a dense table can have, + 1
+        while (self.unit + 1) ** len(self.sizes) <= DENSE_LAYOUTS:
+            self.unit += 1
+        self.walked = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
 
     def codes(self, specs: list[Spec], kept: list[int]) -> np.ndarray | None:
         """Each layout's code over the ``kept`` dims, or None when one is not codable."""
@@ -420,6 +442,37 @@ class LinearTables:
                 dims[d - 1].append(a)
         return tuple(tuple(x) for x in dims)
 
+    def _walk_canonical(
+        self, s_codes: np.ndarray, t_codes: np.ndarray, r: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`_walk_batch` of pairs of rank-``r`` codes: each canonical pair (`_canonical`) walked
+        once per mesh. A canonical pair's walk does not depend on the rank it came from, so
+        patterns of every rank share them (keyed by each axis's source and target dim)."""
+        cs, cd, held = _canonical(s_codes, t_codes, r, self.sizes)
+        k, base, unit = len(self.sizes), r + 1, self.unit
+        key = np.zeros(len(cs), dtype=np.int64)
+        for a in reversed(range(k)):
+            key = key * unit * unit + (cs // base**a % base) * unit + cd // base**a % base
+        key = key * (math.prod(self.sizes) + 1) + held
+        uniq, first, back = np.unique(key, return_index=True, return_inverse=True)
+        keys, fixed, per_byte = self.walked
+        at = np.minimum(np.searchsorted(keys, uniq), max(len(keys) - 1, 0))
+        hit = keys[at] == uniq if len(keys) else np.zeros(len(uniq), dtype=bool)
+        f, b = np.empty(len(uniq)), np.empty(len(uniq))
+        f[hit], b[hit] = fixed[at[hit]], per_byte[at[hit]]
+        new = first[~hit]
+        if len(new):
+            f[~hit], b[~hit] = _walk_batch(cs[new], cd[new], r, self.mesh, self.comm, held[new])
+            merged = np.concatenate([keys, uniq[~hit]])
+            order = np.argsort(merged, kind="stable")
+            self.walked = (
+                merged[order],
+                np.concatenate([fixed, f[~hit]])[order],
+                np.concatenate([per_byte, b[~hit]])[order],
+            )
+        back = back.reshape(-1)
+        return f[back], b[back]
+
     def pattern(
         self, src_specs: list[Spec], dst_specs: list[Spec]
     ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -448,14 +501,7 @@ class LinearTables:
         if len(missing[0]):
             s_codes, t_codes = cs[missing[0]], cd[missing[1]]
             if len(s_codes) >= WALK_BATCH:
-                cs2, cd2, held = _canonical(s_codes, t_codes, r, self.sizes)
-                span = (size * size) * (int(held.max()) + 1)
-                key = (cs2 * size + cd2) * (int(held.max()) + 1) + held
-                if span >= 2**62:  # no room for one key: every pair walks
-                    key = np.arange(len(cs2))
-                _, first, back = np.unique(key, return_index=True, return_inverse=True)
-                f, b = _walk_batch(cs2[first], cd2[first], r, self.mesh, self.comm, held[first])
-                f, b = f[back.reshape(-1)], b[back.reshape(-1)]
+                f, b = self._walk_canonical(s_codes, t_codes, r)
             else:
                 pairs = [
                     _walk_linear(self._layout(int(s), r), self._layout(int(t), r), self.sizes,
