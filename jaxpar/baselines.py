@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .configs import CONTRACTIONS, Config
 from .graph import BACKWARD, FORWARD, phase_of
 from .labels import layer_kinds
@@ -45,20 +47,20 @@ BASELINES = ("data", "model", "owt", "fsdp", "fsdp_tp")  # fixed rules, computed
 
 
 def _best_on_dim(configs: list[Config], dims: Sequence[int], sizes: Sequence[int]) -> int:
-    """Index of the config putting the most devices on one of ``dims`` and nothing elsewhere."""
-    best, best_deg = None, 0
-    for i, cfg in enumerate(configs):
-        if all(d == -1 for d in cfg) and best is None:
-            best = i
-        for dim in dims:
-            if all(d in (-1, dim) for d in cfg):
-                deg = 1
-                for a, d in enumerate(cfg):
-                    if d == dim:
-                        deg *= sizes[a]
-                if deg > best_deg:
-                    best, best_deg = i, deg
-    return best if best is not None else 0
+    """Index of the config putting the most devices on one of ``dims`` and nothing elsewhere
+    (the first such; with no such config, the first replicated one, else 0)."""
+    if not configs:
+        return 0
+    table = np.asarray(configs, dtype=np.int64).reshape(len(configs), len(sizes))
+    unused = table == -1
+    replicated = np.nonzero(unused.all(axis=1))[0]
+    fallback = int(replicated[0]) if len(replicated) else 0
+    best = np.zeros(len(configs), dtype=np.int64)
+    for dim in dims:
+        on = table == dim
+        degree = np.where(on, np.asarray(sizes, dtype=np.int64), 1).prod(axis=1)
+        best = np.maximum(best, np.where((unused | on).all(axis=1), degree, 0))
+    return int(np.argmax(best)) if best.max() > 0 else fallback
 
 
 def baseline_assignment(

@@ -6,7 +6,7 @@ from helpers import assert_equivalent
 
 import jaxpar
 import models
-from jaxpar.baselines import STRATEGIES, type2_dims
+from jaxpar.baselines import STRATEGIES, _best_on_dim, type2_dims
 from jaxpar.configs import CONTRACTIONS
 
 SETUPS = [({"data": 2, "model": 4}, "dgx-h100"), ({"node": 2, "gpu": 4}, "p100")]
@@ -31,6 +31,21 @@ def assert_hypar_space(plan):
             node.space.names,
             cfg,
         )
+
+
+@pytest.mark.closed_form
+def test_hand_plans_put_the_most_devices_on_one_dim():
+    """`_best_on_dim`: the config with the largest device product on one of ``dims`` and no
+    axis elsewhere, the first of equals; else the first replicated one, else 0."""
+    sizes = (2, 4)  # config: per mesh axis, the dim it splits (-1: none)
+    cfgs = [(-1, -1), (0, -1), (-1, 0), (0, 0), (1, 0), (0, 1)]
+    assert _best_on_dim(cfgs, [0], sizes) == 3  # both axes on dim 0: 8 devices
+    assert _best_on_dim(cfgs, [1], sizes) == 0  # nothing splits only dim 1: replicated
+    assert _best_on_dim(cfgs, [1, 0], sizes) == 3
+    assert _best_on_dim(cfgs[1:], [], sizes) == 0
+    assert _best_on_dim([(1, 0), (-1, -1)], [], sizes) == 1
+    assert _best_on_dim([(0, -1), (-1, 0), (0, 0)], [0], (2, 2)) == 2
+    assert _best_on_dim([(1, -1), (-1, 1)], [1], (2, 2)) == 0  # equal: the first
 
 
 @pytest.mark.closed_form
