@@ -115,6 +115,11 @@ class ReshardTables:
         self.ng, self.configs, self.params = ng, configs, params
         self.tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.specs: dict[tuple[int, DimMap], tuple[list[Spec], np.ndarray]] = {}
+        # a read's table is fixed by its layouts' pattern, the configs' layout indices, its bytes
+        # and trip count: reads alike (a layer's copies, a scan body's twins) share one array
+        self.ids: dict[tuple[int, DimMap], int] = {}
+        self.interned: dict[tuple[tuple[Spec, ...], bytes], int] = {}
+        self.done: dict[tuple, np.ndarray] = {}
 
     def layouts(self, node: int, dim_map: DimMap) -> tuple[list[Spec], np.ndarray]:
         """Distinct layouts of a tensor over a node's configs, and each config's layout index."""
@@ -124,7 +129,10 @@ class ReshardTables:
             inverse = [
                 index.setdefault(spec_of(dim_map, c), len(index)) for c in self.configs[node]
             ]
-            self.specs[key] = (list(index), np.array(inverse, dtype=np.int64))
+            specs, inv = list(index), np.array(inverse, dtype=np.int64)
+            self.specs[key] = (specs, inv)
+            content = (tuple(specs), inv.tobytes())
+            self.ids[key] = self.interned.setdefault(content, len(self.interned))
         return self.specs[key]
 
     def table(self, use: EdgeUse) -> np.ndarray:
@@ -135,6 +143,11 @@ class ReshardTables:
             return np.zeros((n_src, n_dst))
         src_specs, si = self.layouts(use.src, use.src_map)
         dst_specs, di = self.layouts(use.dst, use.dst_map)
+        trips = self.ng.program.trips(use.context)
+        read = (self.ids[(use.src, use.src_map)], self.ids[(use.dst, use.dst_map)])
+        done = self.done.get((*read, tensor.nbytes, trips))
+        if done is not None:
+            return done
         key = (tuple(src_specs), tuple(dst_specs))
         pair = self.tables.get(key)
         if pair is None:
@@ -150,7 +163,10 @@ class ReshardTables:
                 )
             self.tables[key] = pair
         small = pair[0] + float(tensor.nbytes) * pair[1]
-        return small[np.ix_(si, di)] * self.ng.program.trips(use.context)
+        out = small[np.ix_(si, di)] * trips
+        out.flags.writeable = False  # shared by every read alike
+        self.done[(*read, tensor.nbytes, trips)] = out
+        return out
 
 
 FACTOR_BUDGET = 2e5  # largest shared-reshard table (entries) priced exactly
