@@ -89,7 +89,12 @@ def item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list[
     """Per item, the bitmask over ``items`` of those it depends on (through the program)."""
     eqns = sorted({it.eqn for it in items})
     position = {e: k for k, e in enumerate(eqns)}
-    reads = ancestors(program, eqns)
+    key = ("ancestors", tuple(eqns))  # most plans sync the same gradients: walk once
+    if key not in program.memo:
+        if len(program.memo) > 64:
+            program.memo.clear()
+        program.memo[key] = ancestors(program, eqns)
+    reads = program.memo[key]
     items_of = [0] * len(eqns)  # per equation, the bitmask of its items
     for i, it in enumerate(items):
         items_of[position[it.eqn]] |= 1 << i

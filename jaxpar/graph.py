@@ -13,6 +13,7 @@ by the parameter path that feeds their contraction (see `param_labels`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -32,11 +33,12 @@ class Tensor:
     dtype: str  # numpy-style dtype name ("float32", "int32", "key<fry>", ...)
     itemsize: int  # bytes per element (0 for opaque dtypes such as PRNG keys)
 
-    @property
+    # cached: the cost and memory models ask for them millions of times on a 70B model
+    @functools.cached_property
     def size(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return self.size * self.itemsize
 
@@ -123,6 +125,8 @@ class Program:
     invar_paths: list[str]  # pytree path of each flat argument, e.g. "[0].params['Dense_0']"
     outvar_paths: list[str]  # pytree path of each flat result
     regions: list[Region] = dataclasses.field(default_factory=list)  # planned, outer first
+    # analyses of the program other modules keep for it (`combine.ancestors`), by key
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def region_chain(self, region: int) -> list[int]:
         """``region`` and the regions enclosing it, innermost first ([] for -1)."""
