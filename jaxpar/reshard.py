@@ -410,7 +410,7 @@ class LinearTables:
         self.dense: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         # walks of canonical pairs (`_canonical`), shared by every rank: sorted keys, values
         self.unit = 1  # dims per axis in a key: every rank a dense table can have, + 1
-        while (self.unit + 1) ** len(self.sizes) <= DENSE_LAYOUTS:
+        while self.sizes and (self.unit + 1) ** len(self.sizes) <= DENSE_LAYOUTS:
             self.unit += 1
         self.walked = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
 
