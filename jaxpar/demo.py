@@ -139,25 +139,27 @@ def big_part() -> None:
 
 
 def comparison(plans: dict[str, Any], batch: int) -> str:
-    """Step time, throughput, communication and state per device for every plan."""
+    """Step time, throughput, communication, state and predicted peak per device for every
+    plan, and whether the peak fits the device (`MemoryEstimate.fits`)."""
     from jaxpar import report
 
     data = plans["data"].cost.step_s
     lines = [
         f"{'plan':<6} {'step ms':>10} {'samples/s':>10} {'comm GB':>9} {'vs data':>8} "
-        f"{'state/device':>13}  fits (state only)"
+        f"{'state/device':>13} {'peak/device':>12}  fits"
     ]
     for name, p in plans.items():
         state = sum(r["bytes_per_device"] for r in report.state_layouts(p))
-        memory = p.cluster.device_spec(0).memory_bytes
+        fits = "-" if p.memory.fits is None else ("yes" if p.memory.fits else "no")
         lines.append(
             f"{name:<6} {p.cost.step_s * 1e3:>10.1f} {batch / p.cost.step_s:>10.1f} "
             f"{p.cost.comm_bytes / 1e9:>9.2f} {data / p.cost.step_s:>7.2f}x "
-            f"{state / 1e9:>10.2f} GB  {'yes' if state < memory else 'no'}"
+            f"{state / 1e9:>10.2f} GB {p.memory.peak / 1e9:>9.2f} GB  {fits}"
         )
     lines.append(
-        "state = parameters + optimizer state per device; activations are not modeled yet, so "
-        "'fits' is a necessary condition only"
+        "state = parameters + optimizer state per device; peak = the step's predicted peak per "
+        "device\n(state, saved activations, gradients, temporaries); fits: within the device's "
+        "memory less the reserve and the model's margin"
     )
     return "\n".join(lines)
 
