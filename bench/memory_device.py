@@ -66,21 +66,15 @@ def run_case(case: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     compiled = step.lower(*ex.args).compile()
     compile_s = time.perf_counter() - t0
-    m = compiled.memory_analysis()
-    xla = jaxpar.verify.compiled_peak_bytes(compiled)
+    parts = jaxpar.verify.compiled_memory(compiled)
+    xla = parts["peak"]
     pred = step.plan.memory
     out: dict[str, Any] = {
         "case": case,
         "device": f"{device.device_kind} ({device.platform})",
         "cluster": cluster,
         "predicted": pred.as_dict(),
-        "compiled": {
-            "arguments": m.argument_size_in_bytes,
-            "outputs": m.output_size_in_bytes,
-            "aliases": m.alias_size_in_bytes,
-            "temporaries": m.temp_size_in_bytes,
-            "peak": xla,
-        },
+        "compiled": parts,
         "predicted_over_compiled": pred.peak / xla,
         "compile_s": compile_s,
     }

@@ -45,8 +45,8 @@ def main() -> int:
     t0 = time.perf_counter()
     compiled = lowered.compile()
     compile_s = time.perf_counter() - t0
-    m = compiled.memory_analysis()
-    actual = jaxpar.verify.compiled_peak_bytes(compiled)
+    parts = jaxpar.verify.compiled_memory(compiled)
+    actual = parts["peak"]
     pred = step.plan.memory
     out = {
         "command": "python " + " ".join(sys.argv),
@@ -54,13 +54,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
         "config": {k: v for k, v in cfg.items() if isinstance(v, (int, float, str, bool))},
         "predicted": pred.as_dict(),
-        "compiled": {
-            "arguments": m.argument_size_in_bytes,
-            "outputs": m.output_size_in_bytes,
-            "aliases": m.alias_size_in_bytes,
-            "temporaries": m.temp_size_in_bytes,
-            "peak": actual,
-        },
+        "compiled": parts,
         "ratio": pred.peak / actual,
         "plan_s": plan_s,
         "compile_s": compile_s,
@@ -71,9 +65,9 @@ def main() -> int:
     )
     print(pred.breakdown())
     print(
-        f"compiled: arguments {m.argument_size_in_bytes / 1e9:.2f} GB, outputs "
-        f"{m.output_size_in_bytes / 1e9:.2f}, aliases {m.alias_size_in_bytes / 1e9:.2f}, "
-        f"temporaries {m.temp_size_in_bytes / 1e9:.2f}"
+        f"compiled: arguments {parts['arguments'] / 1e9:.2f} GB, outputs "
+        f"{parts['outputs'] / 1e9:.2f}, aliases {parts['aliases'] / 1e9:.2f}, "
+        f"temporaries {parts['temporaries'] / 1e9:.2f}"
     )
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)

@@ -11,7 +11,7 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     tables   nodes + reads      -> the two search problems               reshard, tables
     search   tables             -> elimination / descent, k-cut          search, kcut, baselines
     choose   searches           -> the plan, certified against a bound   choose, evaluate
-    memory   plan               -> peak bytes per device; fit a budget   memory, budget
+    memory   plan               -> peak bytes per device; fit a budget   buffers, memory, budget
     plan     assignment         -> Plan: layouts, cost, collectives      planner, result, pins
     save     Plan               -> JSON file; PartitionSpecs to export   plan_file, plan_export
     report   Plan               -> text, JSON, figures                   report, figures
@@ -20,7 +20,7 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
 
 The pure core (`graph`, `opspace`, `rules`, `rules_indexing`, `nodes`, `labels`, `configs`,
 `collectives`, `reshard`, `kernels`, `cost`, `tables`, `search`, `kcut`, `baselines`,
-`evaluate`, `verify`, `memory`, `budget`, `hardware`) imports no jax.
+`evaluate`, `verify`, `buffers`, `memory`, `budget`, `hardware`) imports no jax.
 """
 
 from . import distributed, verify

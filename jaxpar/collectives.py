@@ -22,6 +22,12 @@ def all_reduce_bytes(buffer_bytes: float, n: int) -> float:
     return 2.0 * (n - 1) / n * buffer_bytes if n > 1 else 0.0
 
 
+def all_reduce_buffer(sent_bytes: float, n: int) -> float:
+    """The buffer S of a ring all-reduce that sends ``sent_bytes`` per device: the inverse of
+    `all_reduce_bytes`, S = sent · n / (2(n-1)) (n > 1)."""
+    return sent_bytes * n / (2 * (n - 1))
+
+
 def all_gather_bytes(out_bytes: float, n: int) -> float:
     """Bytes sent per device by a ring all-gather producing S_out bytes: (n-1)/n · S_out."""
     return (n - 1) / n * out_bytes if n > 1 else 0.0

@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from .collectives import ALL_REDUCE, ring_steps
+from .collectives import ALL_REDUCE, all_reduce_buffer, ring_steps
 from .combine import COMBINERS, AllReduceItem, Combiner, group_all_reduces, item_dependencies
 from .configs import spec_of, split_axes
 from .cost import CostParams, is_grad_sync, node_collectives, node_dtype, node_price
@@ -148,8 +148,9 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             if c.kind == ALL_REDUCE and c.group_size > 1:
                 n, _, lat = mesh.group(c.axes)
                 key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
-                buffer = c.nbytes * n / (2 * (n - 1))  # ring bytes 2(n-1)/n · buffer
-                item = AllReduceItem(node.anchor, (*key, node.region), buffer)
+                item = AllReduceItem(
+                    node.anchor, (*key, node.region), all_reduce_buffer(c.nbytes, n)
+                )
                 items.append((len(colls), item, lat * ring_steps(ALL_REDUCE, n)))
             own_of[v].append(len(colls))
             colls.append(

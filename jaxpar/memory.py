@@ -42,32 +42,28 @@ budget less `MODEL_MARGIN`. Pure: numpy only.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 import numpy as np
 
+from .buffers import (
+    FUSIBLE,
+    FUSING_READERS,
+    HALF_FLOATS,
+    UPCAST_READERS,
+    VIEWS,
+    Buffer,
+    generated_tensors,
+    hosted_in_results,
+)  # fmt: skip
 from .configs import Config, dim_degrees, shard_count, spec_of
 from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE
 from .nodes import NodeGraph
 from .reshard import SLICE, reshard_path
-from .rules import ELEMENTWISE
 from .tables import EdgeUse
 
-FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
-# layout changes XLA turns into bitcasts of their operand (or folds into the producer's layout)
-VIEWS = frozenset({"transpose", "reshape", "squeeze", "expand_dims"})
-# readers XLA fuses a broadcast or iota into (it recomputes the value inside each of them); a
-# reduction or dot (on XLA:CPU a library call) needs its operands stored
-FUSING_READERS = FUSIBLE | VIEWS | {"pad", "slice", "concatenate", "rev"}
-GENERATORS = frozenset({"broadcast_in_dim", "iota"})
-# On XLA:CPU a dot or convolution of 16-bit floats runs in float32: its operands are converted
-# (the conversion fused into their producer) and its result is float32 until converted back.
-UPCAST_READERS = frozenset({"dot_general", "conv_general_dilated"})
-HALF_FLOATS = frozenset({"bfloat16", "float16"})
 COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
 ARG_KINDS = ("params", "optimizer", "batch", "other")
 RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, fragmentation)
@@ -582,74 +578,6 @@ class MemoryModel:
             if stacked is not None and mp is not None:
                 out += inp.ng.program.tensors[stacked].nbytes / self._shards(node, mp)
         return out
-
-
-class Buffer(NamedTuple):
-    """A buffer of the step: its bytes per device and life, in equation indices."""
-
-    size: float
-    born: int
-    dies: int  # its last reader
-    phase: str
-    tensor: int
-
-
-def hosted_in_results(buffers: Sequence[Buffer], results: Sequence[tuple[float, int]]) -> set[int]:
-    """The buffers XLA places in the allocations of the step's results instead of its heap.
-
-    XLA's buffer assignment gives each result not aliased to a donated argument an allocation
-    of its own for the whole step, and lets a smaller buffer reuse such an allocation when their
-    live ranges do not interfere (`BufferAssigner::MaybeAssignBuffer`): buffers in decreasing
-    size, each into the smallest allocation it fits whose occupants it does not overlap. A
-    result is written where it is produced (near the step's end, by the update; a node's
-    results by its first), so gradients and activations that die by then live in it at no cost.
-    A buffer read last by the result's producer shares with it (an elementwise update in
-    place), as a gradient's partial sum does with its all-reduced sum. ``results``: (bytes,
-    equation writing it). Returns indices into ``buffers``. Measured against XLA:CPU's
-    assignment on steps whose state is not donated: tests/test_memory.py.
-    """
-    if not results:
-        return set()
-    # XLA tries the smallest allocation first, of equal ones the one made last (results are
-    # made in program order)
-    slots = sorted(range(len(results)), key=lambda r: (results[r][0], -results[r][1]))
-    sizes = [results[r][0] for r in slots]
-    taken: list[list[tuple[int, int, int]]] = [[] for _ in slots]  # occupied [born, dies]
-    free_until = [results[r][1] for r in slots]  # the result itself from there on
-    latest = max(free_until)
-    hosted = set()
-    order = sorted(range(len(buffers)), key=lambda i: (-buffers[i][0], buffers[i][1]))
-    for i in order:
-        size, born, dies, _, t = buffers[i]
-        if dies > latest:
-            continue
-        for j in range(bisect.bisect_left(sizes, size * (1 - 1e-12)), len(slots)):
-            if dies > free_until[j] or any(
-                b <= dies and born <= d and not (u == t and (d == born or b == dies))
-                for b, d, u in taken[j]
-            ):
-                continue
-            taken[j].append((born, dies, t))
-            hosted.add(i)
-            break
-    return hosted
-
-
-def generated_tensors(program) -> frozenset[int]:
-    """Tensors computed from no data: iotas, broadcasts of literals or constants, and
-    elementwise functions of those, such as a causal mask broadcast to [b, h, s, s]. XLA fuses
-    their computation into each elementwise reader and never stores them for it. (A broadcast
-    of a parameter or of a computed value is stored: XLA:CPU reads it in reductions.)"""
-    out: set[int] = set()
-    for e in program.eqns:
-        if e.primitive not in GENERATORS and e.primitive not in FUSIBLE | VIEWS:
-            continue
-        if any(program.tensors[t].opaque for t in e.outputs):
-            continue
-        source = [t is None or t in out or t in program.consts for t in e.inputs]
-        if all(source) and (e.primitive in GENERATORS or any(t in out for t in e.inputs)):
-            out.update(e.outputs)
-    return frozenset(out)
 
 
 def long_lived_tensors(ng: NodeGraph, uses: Sequence[EdgeUse]) -> frozenset[int]:

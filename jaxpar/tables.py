@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .collectives import ALL_REDUCE, ring_steps
+from .collectives import ALL_REDUCE, all_reduce_buffer, ring_steps
 from .combine import Combiner
 from .configs import Config, Spec, node_configs, spec_of
 from .cost import (
@@ -144,10 +144,12 @@ class ReshardTables:
         src_specs, si = self.layouts(use.src, use.src_map)
         dst_specs, di = self.layouts(use.dst, use.dst_map)
         trips = self.ng.program.trips(use.context)
-        read = (self.ids[(use.src, use.src_map)], self.ids[(use.dst, use.dst_map)])
-        done = self.done.get((*read, tensor.nbytes, trips))
-        if done is not None:
-            return done
+        read = (
+            self.ids[(use.src, use.src_map)], self.ids[(use.dst, use.dst_map)], tensor.nbytes,
+            trips,
+        )  # fmt: skip
+        if read in self.done:
+            return self.done[read]
         key = (tuple(src_specs), tuple(dst_specs))
         pair = self.tables.get(key)
         if pair is None:
@@ -165,7 +167,7 @@ class ReshardTables:
         small = pair[0] + float(tensor.nbytes) * pair[1]
         out = small[np.ix_(si, di)] * trips
         out.flags.writeable = False  # shared by every read alike
-        self.done[(*read, tensor.nbytes, trips)] = out
+        self.done[read] = out
         return out
 
 
@@ -411,8 +413,7 @@ def combined_sync_problem(
                 if c.kind != ALL_REDUCE or c.group_size < 2:  # one device: nothing to send
                     continue
                 n, _, latency = params.mesh.group(c.axes)
-                buffer = c.nbytes * n / (2 * (n - 1))  # all_reduce_bytes, inverted
-                share = combiner.latency_share(buffer)
+                share = combiner.latency_share(all_reduce_buffer(c.nbytes, n))
                 saved[i] += latency * ring_steps(ALL_REDUCE, n) * (1 - share)
         unary.append(u - saved * ng.program.trips(node.region))
     return Problem(unary, dict(problem.edges), list(problem.blocks), dict(problem.factors))

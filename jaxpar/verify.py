@@ -319,17 +319,24 @@ def compiled_collectives(compiled: Any) -> list[HloCollective]:
     return parse_collectives(hlo_text, module_device_count(hlo_text))
 
 
-def compiled_peak_bytes(compiled: Any) -> int:
-    """Per-device memory of a ``jax.stages.Compiled`` as XLA's buffer assignment reports it
-    (`memory_analysis()`): arguments + outputs - aliases + temporaries, what
-    `MemoryEstimate.peak` predicts."""
+def compiled_memory(compiled: Any) -> dict[str, int]:
+    """Per-device bytes of a ``jax.stages.Compiled`` as XLA's buffer assignment reports them
+    (`memory_analysis()`): arguments, outputs, aliases, temporaries, and their peak."""
     m = compiled.memory_analysis()
-    return (
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        - m.alias_size_in_bytes
-        + m.temp_size_in_bytes
-    )
+    parts = {
+        "arguments": m.argument_size_in_bytes,
+        "outputs": m.output_size_in_bytes,
+        "aliases": m.alias_size_in_bytes,
+        "temporaries": m.temp_size_in_bytes,
+    }
+    parts["peak"] = parts["arguments"] + parts["outputs"] - parts["aliases"] + parts["temporaries"]
+    return parts
+
+
+def compiled_peak_bytes(compiled: Any) -> int:
+    """arguments + outputs - aliases + temporaries (`compiled_memory`): what
+    `MemoryEstimate.peak` predicts."""
+    return compiled_memory(compiled)["peak"]
 
 
 def predicted_counts(predicted: list) -> dict[str, int]:

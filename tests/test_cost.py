@@ -12,6 +12,7 @@ from jaxpar.collectives import (
     ALL_GATHER,
     ALL_TO_ALL,
     all_gather_bytes,
+    all_reduce_buffer,
     all_reduce_bytes,
     all_to_all_bytes,
     reduce_scatter_bytes,
@@ -31,6 +32,7 @@ def test_ring_formulas():
     assert reduce_scatter_bytes(1000, 4) == pytest.approx(750)
     assert all_to_all_bytes(1000, 8) == pytest.approx(875)
     assert all_reduce_bytes(1000, 1) == 0
+    assert all_reduce_buffer(all_reduce_bytes(1000, 8), 8) == pytest.approx(1000)
     # alpha-beta: 2(n-1) steps for an all-reduce
     assert transfer_time("all-reduce", 1500, 4, 1e9, 1e-6) == pytest.approx(6e-6 + 1.5e-6)
 
@@ -72,8 +74,8 @@ def test_reshape_maps_major_dims():
 PURE_CORE = (
     "graph", "opspace", "rules", "rules_indexing", "rules_loops", "nodes", "labels", "configs",
     "collectives", "reshard", "kernels", "cost", "tables", "blocks", "combine", "overlap",
-    "search", "kcut", "baselines", "evaluate", "memory", "budget", "verify", "hlo_text", "hardware",
-    "hardware.devices",
+    "search", "kcut", "baselines", "evaluate", "buffers", "memory", "budget", "verify",
+    "hlo_text", "hardware", "hardware.devices",
     "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
     "hardware.speeds", "hardware.calibration",
 )  # fmt: skip
