@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -122,13 +123,20 @@ def evaluate(problem: Problem, assignment: Sequence[int]) -> float:
 
 
 def _expand(arr: np.ndarray, vars_: tuple[int, ...], order: list[int], sizes: dict) -> np.ndarray:
-    """View a factor over ``vars_`` (sorted) as an array broadcastable over ``order``."""
-    pos = [order.index(v) for v in vars_]
-    perm = np.argsort(pos)
-    shape = [1] * len(order)
-    for v in vars_:
-        shape[order.index(v)] = sizes[v]
-    return arr.transpose(perm).reshape(shape)
+    """View a factor over ``vars_`` as an array broadcastable over ``order``."""
+    where = {v: k for k, v in enumerate(order)}
+    return _view(arr, vars_, where, len(order), sizes)
+
+
+def _view(arr: np.ndarray, vars_: tuple[int, ...], where: dict, ndim: int, sizes: dict):
+    """`_expand` with ``order`` given as its position map ``where`` (v -> axis)."""
+    pos = [where[v] for v in vars_]
+    if any(a > b for a, b in itertools.pairwise(pos)):  # out of order: transpose first
+        arr = arr.transpose(sorted(range(len(pos)), key=pos.__getitem__))
+    shape = [1] * ndim
+    for v, k in zip(vars_, pos, strict=True):
+        shape[k] = sizes[v]
+    return arr.reshape(shape)
 
 
 def _condition(problem: Problem, fixed: dict[int, int]) -> tuple[dict, float, dict]:
@@ -166,6 +174,7 @@ class _Eliminator:
     def __init__(self, factors: dict[tuple[int, ...], np.ndarray], sizes: dict[int, int]):
         self.factors, self.sizes = factors, sizes
         free = {v for key in factors for v in key}
+        self.log_sizes = {v: math.log(sizes[v]) for v in free}
         self.adj: dict[int, set[int]] = {v: set() for v in free}
         self.var_factors: dict[int, set[tuple[int, ...]]] = {v: set() for v in free}
         for key in factors:
@@ -181,8 +190,8 @@ class _Eliminator:
         cheapest-table-first order as `run`, then the residual's size against ``enum_budget``.
         Also returns the residual graph (node -> neighbours)."""
         adj = {v: set(near) for v, near in self.adj.items()}
-        sizes, log_budget = self.sizes, math.log(table_budget)
-        size_log = lambda v: math.log(sizes[v]) + sum(math.log(sizes[u]) for u in adj[v])
+        logs, log_budget = self.log_sizes, math.log(table_budget)
+        size_log = lambda v: logs[v] + sum(logs[u] for u in adj[v])
         version = dict.fromkeys(adj, 0)
         heap = [(size_log(v), len(adj[v]), v, 0) for v in adj]
         heapq.heapify(heap)
@@ -199,11 +208,12 @@ class _Eliminator:
             for u in rest:
                 version[u] += 1
                 heapq.heappush(heap, (size_log(u), len(adj[u]), u, version[u]))
-        return sum(math.log(sizes[v]) for v in adj) <= math.log(enum_budget), adj
+        return sum(logs[v] for v in adj) <= math.log(enum_budget), adj
 
     def table_log(self, v: int) -> float:
         """log of the size of the table eliminating ``v`` would create."""
-        return math.log(self.sizes[v]) + sum(math.log(self.sizes[u]) for u in self.adj[v])
+        logs = self.log_sizes
+        return logs[v] + sum(logs[u] for u in self.adj[v])
 
     def run(self, table_budget: float) -> None:
         """Eliminate while the cheapest next table fits the budget."""
@@ -226,18 +236,21 @@ class _Eliminator:
         """Fold every factor mentioning ``v`` into one over its neighbours: min over v (Eq. 2)."""
         sizes, factors = self.sizes, self.factors
         rest = sorted(self.adj[v])
-        order = [*rest, v]
+        where = {u: k for k, u in enumerate(rest)}
+        where[v] = len(rest)
         joint = None
         for key in list(self.var_factors[v]):
-            term = _expand(factors.pop(key), key, order, sizes)
+            term = _view(factors.pop(key), key, where, len(where), sizes)
             joint = term if joint is None else joint + term
             for u in key:
                 if u != v:
                     self.var_factors[u].discard(key)
-        joint = np.broadcast_to(joint, tuple(sizes[u] for u in order))
+        full = (*(sizes[u] for u in rest), sizes[v])
+        if joint.shape != full:
+            joint = np.broadcast_to(joint, full)
         self.max_table = max(self.max_table, float(joint.size))
         arg = joint.argmin(axis=-1)
-        best = np.take_along_axis(joint, arg[..., None], axis=-1)[..., 0]
+        best = joint.min(axis=-1)  # the value at ``arg``
         self.eliminated.append((v, rest, arg))
         del self.adj[v], self.var_factors[v]
         for u in rest:
