@@ -42,9 +42,9 @@ LLAMA_CASES = [
 ZOO_CASES = [("inception_v3", {"a": 4, "b": 4}), ("gpt2_124m", {"a": 4, "b": 4})]
 
 
-def plan_row(ex, mesh: dict, cluster: str, objective: str = "time") -> dict:
+def plan_row(ex, mesh: dict, cluster: str) -> dict:
     t0 = time.perf_counter()
-    plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster, objective=objective)
+    plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster)
     wall = time.perf_counter() - t0
     s = plan.stats
     return {
@@ -59,11 +59,8 @@ def plan_row(ex, mesh: dict, cluster: str, objective: str = "time") -> dict:
         "search_s": s["search_s"],
         "wall_s": wall,
         "optimal": plan.optimal,
-        "objective": objective,
         "step_s": plan.cost.step_s,
         "data_step_s": plan.baselines["data"].step_s,
-        "overlapped_step_s": plan.cost.overlapped_step_s,
-        "data_overlapped_step_s": plan.baselines["data"].overlapped_step_s,
         "peak_gb": plan.memory.peak / 1e9,
         "fits": bool(plan.memory.fits),
     }
@@ -88,14 +85,13 @@ def main() -> None:
     out["jax"] = jax.__version__
     if "a" in args.parts:
         out["depth"] = []
-        for objective in ("time", "overlap"):
-            for layers in DEPTHS:
-                for name in ("gpt_scan_linen", "gpt_unrolled_linen"):
-                    ex = scanned_example(name, scanned_config(name, layers=layers))
-                    r = plan_row(ex, GPT_MESH, "dgx-h100", objective)
-                    r.update(model=name, layers=layers)
-                    out["depth"].append(r)
-                    show(f"{name} {layers} layers, objective {objective}", r)
+        for layers in DEPTHS:
+            for name in ("gpt_scan_linen", "gpt_unrolled_linen"):
+                ex = scanned_example(name, scanned_config(name, layers=layers))
+                r = plan_row(ex, GPT_MESH, "dgx-h100")
+                r.update(model=name, layers=layers)
+                out["depth"].append(r)
+                show(f"{name} {layers} layers", r)
     if "b" in args.parts:
         out["llama"] = []
         for name, mesh, variants in LLAMA_CASES:
@@ -131,43 +127,32 @@ def markdown(res: dict) -> str:
         out += [
             "## Scanned vs unrolled GPT-2-wide decoder, 64 H100s (node=8, gpu=8)",
             "",
-            'Planned under the default objective ("time", OptCNN\'s Eq. 1) and under "overlap" '
-            "(XLA's all-reduce combiner, communication beside compute). Step ms: Eq. 1 / "
-            "overlapped, of the plan and of data parallelism.",
-            "",
-            "| objective | layers | model | nodes | tied | plan s | auto step ms (Eq. 1 / "
-            "overlapped) | data step ms (Eq. 1 / overlapped) | optimal |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| layers | model | nodes | tied | plan s | auto step ms | data step ms | optimal |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in res["depth"]:
             out.append(
-                f"| {r.get('objective', 'time')} | {r['layers']} | {r['model']} | {r['nodes']} "
-                f"| {r['tied_nodes']} | {r['wall_s']:.2f} | {r['step_s'] * 1e3:.3f} / "
-                f"{r['overlapped_step_s'] * 1e3:.3f} | {r['data_step_s'] * 1e3:.3f} / "
-                f"{r['data_overlapped_step_s'] * 1e3:.3f} | {'yes' if r['optimal'] else 'no'} |"
+                f"| {r['layers']} | {r['model']} | {r['nodes']} | {r['tied_nodes']} | "
+                f"{r['wall_s']:.2f} | {r['step_s'] * 1e3:.3f} | {r['data_step_s'] * 1e3:.3f} | "
+                f"{'yes' if r['optimal'] else 'no'} |"
             )
-        for objective, key in (("time", "step_s"), ("overlap", "overlapped_step_s")):
-            rows = [r for r in res["depth"] if r.get("objective", "time") == objective]
-            scan = {r["layers"]: r for r in rows if r["model"] == "gpt_scan_linen"}
-            unrolled = {r["layers"]: r for r in rows if r["model"] != "gpt_scan_linen"}
-            if not scan:
-                continue
-            lo, hi = min(scan), max(scan)
-            out += [
-                "",
-                f"Objective {objective}: scanned planning time, {hi} vs {lo} layers: "
-                f"{scan[hi]['wall_s'] / scan[lo]['wall_s']:.2f}x. Auto step ({key}), scanned / "
-                "unrolled: "
-                + ", ".join(
-                    f"{n} layers {scan[n][key] / unrolled[n][key]:.3f}" for n in sorted(scan)
-                )
-                + f"; data parallel ({key}), scanned / unrolled: "
-                + ", ".join(
-                    f"{n} layers {scan[n]['data_' + key] / unrolled[n]['data_' + key]:.3f}"
-                    for n in sorted(scan)
-                )
-                + ".",
-            ]
+        scan = {r["layers"]: r for r in res["depth"] if r["model"] == "gpt_scan_linen"}
+        unrolled = {r["layers"]: r for r in res["depth"] if r["model"] != "gpt_scan_linen"}
+        lo, hi = min(scan), max(scan)
+        out += [
+            "",
+            f"Scanned planning time, {hi} vs {lo} layers: "
+            f"{scan[hi]['wall_s'] / scan[lo]['wall_s']:.2f}x. Auto step, scanned / unrolled: "
+            + ", ".join(
+                f"{n} layers {scan[n]['step_s'] / unrolled[n]['step_s']:.3f}" for n in sorted(scan)
+            )
+            + "; data parallel, scanned / unrolled: "
+            + ", ".join(
+                f"{n} layers {scan[n]['data_step_s'] / unrolled[n]['data_step_s']:.3f}"
+                for n in sorted(scan)
+            )
+            + ".",
+        ]
     if "llama" in res:
         out += [
             "",
