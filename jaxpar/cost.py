@@ -301,14 +301,50 @@ def may_communicate(node: Node, cfg: Config) -> bool:
 
 
 def unary_costs(
-    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams, compute: np.ndarray
+    ng: NodeGraph,
+    node: Node,
+    cfgs: Sequence[Config],
+    params: CostParams,
+    compute: np.ndarray,
+    memo: dict | None = None,
 ) -> np.ndarray:
-    """The search's unary table: `node_price` of every configuration (``compute``: its t_C)."""
-    out = np.zeros(len(cfgs)) if params.objective == "comm" else np.array(compute, dtype=float)
-    for i, cfg in enumerate(cfgs):
-        if may_communicate(node, cfg):
-            colls = node_collectives(ng, node, cfg, params.mesh)
-            out[i] = node_price(float(compute[i]), colls, params.objective)
+    """The search's unary table: `node_price` of every configuration (``compute``: its t_C),
+    i.e. t_C + `own_comm_costs` (only the latter under the "comm" objective)."""
+    comm = own_comm_costs(ng, node, cfgs, params, memo)
+    return comm if params.objective == "comm" else np.asarray(compute, dtype=float) + comm
+
+
+def own_comm_costs(
+    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams, memo: dict | None
+) -> np.ndarray:
+    """Per configuration, Σ over the node's own collectives (`node_collectives`) of their time
+    (bytes under the "comm" objective).
+
+    ``memo`` (a dict kept by the caller for one mesh and objective) shares the answer between
+    nodes that agree on everything `node_collectives` reads: the iteration space's result maps
+    and reduced dims, the results' bytes and the configurations (a layer's copies, the many
+    alike elementwise nodes). Nodes with a halo (split convolutions) are priced each."""
+    key = None
+    if memo is not None and not node.space.halo and node.anchor >= 0:
+        outputs = ng.program.eqns[node.anchor].outputs
+        nbytes = tuple(ng.program.tensors[t].nbytes for t in outputs)
+        key = (node.space.out_maps, node.space.reduce_dims, nbytes, tuple(cfgs))
+        if key in memo:
+            return memo[key]
+    out = np.zeros(len(cfgs))
+    if node.anchor >= 0:
+        # `may_communicate` per configuration, its set built once
+        talk = set(node.space.reduce_dims)
+        if node.space.halo:
+            talk.update(d for d, rows in enumerate(node.space.halo) if rows)
+        comm = params.objective == "comm"
+        for i, cfg in enumerate(cfgs):
+            if any(d in talk for d in cfg):
+                colls = node_collectives(ng, node, cfg, params.mesh)
+                out[i] = sum(c.nbytes if comm else c.time_s for c in colls)
+    if key is not None:
+        out.flags.writeable = False  # shared between nodes
+        memo[key] = out
     return out
 
 

@@ -111,6 +111,7 @@ class _ProgramIndex:
     results: frozenset[int]  # the program's results
     sources: dict[tuple[int, bool], tuple[int, ...]]  # memo of `_sources` per rule
     fusing: dict[int, bool]  # memo of `_fuses`
+    recomputed: dict[tuple[int, bool], bool]  # memo of `recomputed` per rule
     siblings: dict[FusionRules, dict[int, tuple[tuple[int, int], ...]]]  # memo of `shared_reads`
 
 
@@ -123,7 +124,7 @@ def _index(program: Program) -> _ProgramIndex:
     if hit is None or hit[0]() is not program:
         producer = {t: e for e in program.eqns for t in e.outputs}
         results = frozenset(t for t in program.outvars if t is not None)
-        index = _ProgramIndex(producer, program.consumers(), results, {}, {}, {})
+        index = _ProgramIndex(producer, program.consumers(), results, {}, {}, {}, {})
         hit = (weakref.ref(program), index)
         _INDEX[key] = hit
         weakref.finalize(program, _INDEX.pop, key, None)
@@ -138,6 +139,14 @@ def recomputed(program: Program, tid: int, rules: FusionRules = ACCELERATOR_FUSI
     producer-consumer fusion). With one reader on every backend; with several only where the
     backend duplicates producers (`FusionRules.duplicate_producers`), else it is written once."""
     index = _index(program)
+    key = (tid, rules.duplicate_producers)
+    hit = index.recomputed.get(key)
+    if hit is None:
+        hit = index.recomputed[key] = _recomputed(program, index, tid, rules)
+    return hit
+
+
+def _recomputed(program: Program, index: _ProgramIndex, tid: int, rules: FusionRules) -> bool:
     eqn = index.producer.get(tid)
     if eqn is None or tid in index.results:
         return False

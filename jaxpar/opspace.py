@@ -19,6 +19,7 @@ The rules themselves are in `rules` (and `rules_indexing`). Pure (no jax import)
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 from .graph import Equation, Program
@@ -40,7 +41,7 @@ class OpSpace:
     halo: tuple[int, ...] = ()  # per iter dim: halo rows a spatial split exchanges (convolutions)
     replicated: bool = False  # fallback: a single, fully replicated configuration
 
-    @property
+    @functools.cached_property  # read per configuration while pricing (~0.5 M reads)
     def reduce_dims(self) -> tuple[int, ...]:
         """Iteration dims that no result carries: splitting them leaves partial results."""
         used = {d for m in self.out_maps for d in m if d is not None}

@@ -284,13 +284,13 @@ Tick = Callable[[str], None]  # progress inside long loops
 
 
 def node_tables(
-    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams
+    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams, memo: dict | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(t_C, unary price) of every configuration over one step: a loop body's node runs
-    ``program.trips(node.region)`` times."""
+    ``program.trips(node.region)`` times (``memo``: see `cost.own_comm_costs`)."""
     trips = ng.program.trips(node.region)
     once = compute_times(ng, node, cfgs, params)
-    return once * trips, unary_costs(ng, node, cfgs, params, once) * trips
+    return once * trips, unary_costs(ng, node, cfgs, params, once, memo) * trips
 
 
 def build_tables(
@@ -305,10 +305,11 @@ def build_tables(
     tick = tick or (lambda _detail: None)
     sizes, comm = params.mesh.sizes, params.objective == "comm"
     configs, compute, unary = [], [], []
+    memo: dict = {}  # nodes alike share their collectives' prices
     for node in ng.nodes:
         cfgs = [pinned[node.index]] if node.index in pinned else node_configs(ng, node, sizes, comm)
         configs.append(cfgs)
-        node_compute, node_unary = node_tables(ng, node, cfgs, params)
+        node_compute, node_unary = node_tables(ng, node, cfgs, params, memo)
         compute.append(node_compute)
         unary.append(node_unary)
         tick(f"compute/sync tables of {len(unary)}/{len(ng.nodes)} nodes")

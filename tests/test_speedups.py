@@ -103,3 +103,30 @@ def test_dense_reshard_patterns_equal_pair_by_pair(objective):
                 assert (fixed[i, jj], per_byte[i, jj]) == tuple(
                     map(float, reshard_linear(a, b, mesh, objective))
                 )
+
+
+@pytest.mark.golden
+@pytest.mark.parametrize("objective", ["time", "comm"])
+def test_shared_collective_prices_equal_each_nodes_own(objective):
+    """`build_tables` prices a node's own collectives once for all nodes alike
+    (`cost.own_comm_costs`' memo): every unary table equals the one priced node by node,
+    bit for bit, on a transformer (alike layers) and a CNN (halo nodes, never shared)."""
+    import numpy as np
+
+    import jaxpar
+    import models
+    from jaxpar.tables import node_tables
+
+    for name, mesh in (("gpt_small", {"data": 2, "model": 4}), ("cnn", {"a": 2, "b": 2, "c": 2})):
+        ex = models.get(name, small=True)
+        plan = jaxpar.plan(
+            ex.step, *ex.args, mesh=mesh, cluster="p100", objective=objective, memory_budget=None
+        )
+        shared = 0
+        for node, cfgs, unary in zip(
+            plan.ng.nodes, plan.tables.configs, plan.tables.problem.unary, strict=True
+        ):
+            own = node_tables(plan.ng, node, cfgs, plan.params)[1]
+            assert np.array_equal(own, unary), (name, node.index)
+            shared += node.anchor >= 0 and not node.space.halo
+        assert shared > 50

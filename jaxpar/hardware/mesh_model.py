@@ -18,6 +18,7 @@ Pure module: numpy only, no jax import.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -57,8 +58,18 @@ class MeshAxes:
     def num_devices(self) -> int:
         return math.prod(self.sizes)
 
+    @functools.cached_property
+    def _groups(self) -> dict[tuple[int, ...], tuple[int, float, float]]:
+        return {}  # `group`'s answers: asked once per configuration that communicates
+
     def group(self, axes: Sequence[int]) -> tuple[int, float, float]:
         """(group size, bandwidth, latency) of a collective over several axes."""
+        key = tuple(axes)
+        if key not in self._groups:
+            self._groups[key] = self._group(key)
+        return self._groups[key]
+
+    def _group(self, axes: tuple[int, ...]) -> tuple[int, float, float]:
         n = math.prod(self.sizes[a] for a in axes)
         key = tuple(sorted(axes))
         bw = dict(self.group_bandwidth).get(key) if len(key) > 1 else None
