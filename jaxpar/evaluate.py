@@ -108,6 +108,8 @@ class EvalContext:
     feedback: frozenset[int]  # state results that become the next step's arguments
     speeds: MeshSpeeds | None = None
     combiner: Combiner = COMBINERS["gpu"]  # the target backend's all-reduce combiner
+    # what every evaluation of these tables shares (`_priced_reads`), built on first use
+    memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 def _tensor_name(ng: NodeGraph, tid: int) -> str:
@@ -161,33 +163,30 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             )  # fmt: skip
     # (tensor, context, before, after): each reshard step is emitted once per loop context
     produced: set[tuple] = set()
-    paths: list[list[tuple[tuple, float]]] = []  # per use, its steps: (key, seconds per step)
-    for use in tables.uses:
-        paths.append([])
-        tensor = ng.program.tensors[use.tensor]
-        if tensor.opaque or not tensor.shape or not tensor.nbytes:
-            continue
-        src = spec_of(use.src_map, tables.configs[use.src][assignment[use.src]])
-        dst = spec_of(use.dst_map, tables.configs[use.dst][assignment[use.dst]])
-        feedback = use.tensor in ctx.feedback and ng.nodes[use.dst].anchor < 0
-        trips = ng.program.trips(use.context)
-        for step in reshard_path(tensor.nbytes, src, dst, mesh.sizes):
+    paths: list[list[tuple[tuple, float]]] = [[] for _ in tables.uses]  # per use, (key, s) a step
+    configs = tables.configs
+    for u, use, nbytes, trips, feedback, name in _priced_reads(ctx):
+        src = spec_of(use.src_map, configs[use.src][assignment[use.src]])
+        dst = spec_of(use.dst_map, configs[use.dst][assignment[use.dst]])
+        if src == dst:
+            continue  # read as it is (most reads): no path
+        for step in reshard_path(nbytes, src, dst, mesh.sizes):
             key = (use.tensor, use.context, step.before, step.after)
             if step.kind != SLICE:
-                paths[-1].append((key, step_time(step, mesh) * trips))
+                paths[u].append((key, step_time(step, mesh) * trips))
             if step.kind == SLICE or key in produced:
                 continue
             produced.add(key)
-            t, nbytes = step_time(step, mesh) * trips, step.nbytes * trips
-            objective += nbytes if ctx.params.objective == "comm" else t
+            t, moved = step_time(step, mesh) * trips, step.nbytes * trips
+            objective += moved if ctx.params.objective == "comm" else t
             row = rows[use.dst]
             row["t_X"] += t
-            row["bytes"] += nbytes
+            row["bytes"] += moved
             colls.append(
                 Collective(
-                    step.kind, (mesh.names[step.axis],), mesh.sizes[step.axis], nbytes, t,
-                    _tensor_name(ng, use.tensor), "state-feedback" if feedback else "reshard",
-                    ng.nodes[use.dst].phase, ctx.labels[use.dst], trips,
+                    step.kind, (mesh.names[step.axis],), mesh.sizes[step.axis], moved, t, name,
+                    "state-feedback" if feedback else "reshard", ng.nodes[use.dst].phase,
+                    ctx.labels[use.dst], trips,
                 )
             )  # fmt: skip
     riding = _combine(ctx, colls, items)
@@ -204,6 +203,23 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     if ctx.params.objective == "overlap":  # the searches priced Eq. 1, its upper bound
         objective = overlapped
     return Evaluation(cost, tuple(colls), tuple(NodeRow(**r) for r in rows), objective)
+
+
+def _priced_reads(ctx: EvalContext) -> list[tuple]:
+    """The reads an evaluation prices, with what does not depend on the assignment: (use index,
+    use, tensor bytes, trip count, whether it feeds the next step's state, tensor name). Reads
+    of opaque, scalar or empty tensors move nothing. Kept in ``ctx.memo``."""
+    if "reads" not in ctx.memo:
+        ng, out = ctx.ng, []
+        for u, use in enumerate(ctx.tables.uses):
+            tensor = ng.program.tensors[use.tensor]
+            if tensor.opaque or not tensor.shape or not tensor.nbytes:
+                continue
+            feedback = use.tensor in ctx.feedback and ng.nodes[use.dst].anchor < 0
+            trips = ng.program.trips(use.context)
+            out.append((u, use, tensor.nbytes, trips, feedback, _tensor_name(ng, use.tensor)))
+        ctx.memo["reads"] = out
+    return ctx.memo["reads"]
 
 
 def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, float]:
