@@ -295,9 +295,8 @@ def may_communicate(node: Node, cfg: Config) -> bool:
     """Cheap test: can `node_collectives` be non-empty (a reduced or halo dim is split)?"""
     if node.anchor < 0:
         return False
-    red = node.space.reduce_dims
-    halo = node.space.halo
-    return any(d in red for d in cfg) or bool(halo and any(d >= 0 and halo[d] for d in cfg))
+    talk = node.space.communicating_dims
+    return any(d in talk for d in cfg)
 
 
 def unary_costs(
@@ -332,16 +331,11 @@ def own_comm_costs(
         if key in memo:
             return memo[key]
     out = np.zeros(len(cfgs))
-    if node.anchor >= 0:
-        # `may_communicate` per configuration, its set built once
-        talk = set(node.space.reduce_dims)
-        if node.space.halo:
-            talk.update(d for d, rows in enumerate(node.space.halo) if rows)
-        comm = params.objective == "comm"
-        for i, cfg in enumerate(cfgs):
-            if any(d in talk for d in cfg):
-                colls = node_collectives(ng, node, cfg, params.mesh)
-                out[i] = sum(c.nbytes if comm else c.time_s for c in colls)
+    comm = params.objective == "comm"
+    for i, cfg in enumerate(cfgs):
+        if may_communicate(node, cfg):
+            colls = node_collectives(ng, node, cfg, params.mesh)
+            out[i] = sum(c.nbytes if comm else c.time_s for c in colls)
     if key is not None:
         out.flags.writeable = False  # shared between nodes
         memo[key] = out

@@ -47,6 +47,13 @@ class OpSpace:
         used = {d for m in self.out_maps for d in m if d is not None}
         return tuple(i for i in range(len(self.sizes)) if i not in used)
 
+    @functools.cached_property
+    def communicating_dims(self) -> frozenset[int]:
+        """Iteration dims whose split makes the equation communicate: reduced dims (partial
+        sums) and dims with a halo (a split convolution's exchange)."""
+        halo = {d for d, rows in enumerate(self.halo) if rows}
+        return frozenset(self.reduce_dims) | halo
+
 
 Rule = Callable[[Equation, Program], OpSpace]
 RULES: dict[str, Rule] = {}
