@@ -2,7 +2,7 @@
 holds what it stores. The rules `memory.MemoryModel` follows, each measured against XLA's
 buffer assignment (docs/design.md, "Memory").
 
-Pure: no jax import.
+Pure: numpy only.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from typing import NamedTuple
+
+import numpy as np
 
 from .rules import ELEMENTWISE
 
@@ -92,3 +94,68 @@ def generated_tensors(program) -> frozenset[int]:
         if all(source) and (e.primitive in GENERATORS or any(t in out for t in e.inputs)):
             out.update(e.outputs)
     return frozenset(out)
+
+
+BARRIER = "optimization_barrier"
+
+
+def cse_after_barriers(program) -> dict[int, int]:
+    """XLA:CPU's undoing of rematerialization: recomputed tensor -> the tensor of the same value
+    computed first.
+
+    `jax.checkpoint` recomputes a block in the backward pass from its inputs passed through an
+    optimization barrier, so that XLA's common-subexpression elimination cannot merge the
+    recomputation with the forward pass. GPU and TPU keep the barrier until after CSE and the
+    recomputation runs (measured on an H100: bench/results/memory_device_h100.md). XLA:CPU
+    drops it first: CSE merges every recomputed value with its forward twin, and the backward
+    pass reads the forward pass's buffers as if there were no remat (a remat'd Llama on one CPU
+    device: the same temporary bytes with and without remat). Here the barrier is transparent,
+    and an equation whose primitive, params, literals and (transparent) inputs equal an
+    earlier one's, with an input that came through a barrier or a merged tensor, is merged
+    (duplicates made from no data, such as a mask's iotas, are followed but not returned: XLA
+    fuses them anyway).
+    """
+    same: dict[int, int] = {}  # tensor -> its earlier twin (barriers: their operand)
+    seen: dict[tuple, tuple[int, ...]] = {}
+    for t, value in program.consts.items():  # XLA merges equal constants
+        try:
+            array = np.asarray(value)
+            first = seen.setdefault(("const", _frozen(array)), (t,))
+        except (TypeError, ValueError):
+            continue
+        if first[0] != t:
+            same[t] = first[0]
+    merged: dict[int, int] = {}
+    for e in program.eqns:
+        if e.primitive == BARRIER and len(e.inputs) == len(e.outputs):
+            for src, out in zip(e.inputs, e.outputs, strict=True):
+                if src is not None:
+                    same[out] = same.get(src, src)
+            continue
+        inputs = tuple(None if t is None else same.get(t, t) for t in e.inputs)
+        try:
+            key = (e.primitive, inputs, _frozen(e.literals), _frozen(e.params))
+            hash(key)
+        except TypeError:  # params XLA would compare and we cannot: no merge
+            continue
+        first = seen.setdefault(key, e.outputs)
+        if first is e.outputs:
+            continue
+        derived = inputs != e.inputs  # reads a barrier's output or a merged tensor
+        if derived or not any(t is not None for t in e.inputs):  # or made from no data
+            for out, twin in zip(e.outputs, first, strict=True):
+                same[out] = twin
+                if derived:
+                    merged[out] = twin
+    return merged
+
+
+def _frozen(value):
+    """A hashable stand-in for an equation's params or literals (arrays by content)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if hasattr(value, "tobytes") and hasattr(value, "shape"):  # numpy arrays and scalars
+        return ("array", value.shape, str(value.dtype), value.tobytes())
+    return value

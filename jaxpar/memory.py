@@ -55,6 +55,7 @@ from .buffers import (
     UPCAST_READERS,
     VIEWS,
     Buffer,
+    cse_after_barriers,
     generated_tensors,
     hosted_in_results,
 )  # fmt: skip
@@ -70,11 +71,11 @@ RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, frag
 # A plan fits a budget when its predicted peak is within (1 - margin) of it: the margin is kept
 # for the model's own error. On XLA:CPU it is measured (tests/test_memory.py,
 # bench/memory_fullwidth.py): compiled/predicted peak up to 1.34 on the small GPT's
-# memory-constrained plans and 1.46 at llama3_70b's width with remat, so CPU_MODEL_MARGIN keeps
-# 1 - 1/1.47 of the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is a
+# memory-constrained plans, 1.19 at llama3_70b's width (0.92 with remat, since remat's merging
+# by XLA:CPU is modelled), so CPU_MODEL_MARGIN keeps 1 - 1/1.35 of the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is a
 # guard of 10 %. See docs/design.md, "Memory".
 MODEL_MARGIN = 0.1
-CPU_MODEL_MARGIN = 0.32
+CPU_MODEL_MARGIN = 0.26
 
 
 class MemoryBudgetError(ValueError):
@@ -210,27 +211,40 @@ class MemoryModel:
         for e in program.eqns:
             for t in e.outputs:
                 self.producer_eqn[t] = e.index
+        self.cpu = inputs.combine_syncs if inputs.cpu is None else inputs.cpu
+        self.outvar_set = {t for t in program.outvars if t is not None}
+        # XLA:CPU merges remat's recomputations with the forward pass (`cse_after_barriers`):
+        # their readers read the forward tensor, and the merged equations' own reads go
+        merged = cse_after_barriers(program) if self.cpu else {}
+        merged = {t: f for t, f in merged.items() if t not in self.outvar_set}
+        gone = {e.index for e in program.eqns if e.outputs and all(t in merged for t in e.outputs)}
         self.reads: dict[int, list[EdgeUse]] = {}
         self.read_at: dict[EdgeUse, int] = {}
+        self.reads_twin: set[int] = set()  # forward tensors read in place of a recomputation
         for u in inputs.uses:
-            self.reads.setdefault(u.tensor, []).append(u)
+            if u.order[0] in gone:
+                continue
             self.read_at[u] = self._read_position(u)
+            if u.tensor in merged:
+                self.reads_twin.add(merged[u.tensor])
+            self.reads.setdefault(merged.get(u.tensor, u.tensor), []).append(u)
         # buffers read in a later phase, or inside a loop from outside it (live through it)
-        self.long_lived = long_lived_tensors(ng, inputs.uses) | {
-            u.tensor for u in inputs.uses if self.read_at[u] > u.order[0]
-        }
+        kept = [u for us in self.reads.values() for u in us]
+        self.long_lived = (
+            long_lived_tensors(ng, kept)
+            | {u.tensor for u in kept if self.read_at[u] > u.order[0]}
+            | {t for t in self.reads_twin if self._phase_of(t) == FORWARD}
+        )
         self._node_bytes: dict[int, np.ndarray] = {}
         self._degrees: dict[int, np.ndarray] = {}
         self._statics: dict[int, tuple | None] = {}
         self._nbytes: dict[int, int] = {}
-        self.outvar_set = {t for t in program.outvars if t is not None}
         self.invar_set = set(program.invars)
         # results of contractions, reductions, gathers...: XLA fuses elementwise chains
         # (`nodes` groups them) but not into these producers, so they are buffers
         self.unfused = {t: e.primitive not in FUSIBLE for e in program.eqns for t in e.outputs}
         self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
         self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
-        self.cpu = inputs.combine_syncs if inputs.cpu is None else inputs.cpu
         self.generated = generated_tensors(program)
         # tensor -> the view of it that takes over its buffer (its only reader is the view)
         self.view_of: dict[int, int] = {}
@@ -244,6 +258,10 @@ class MemoryModel:
                 self.view_of[src] = out
         # tensors in the order of their producing equations (a view after its operand)
         self.order = sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1))
+
+    def _phase_of(self, t: int) -> str:
+        node = self.inp.ng.node_of_tensor.get(t)
+        return self.inp.ng.nodes[node].phase if node is not None else UPDATE
 
     def _read_position(self, u: EdgeUse) -> int:
         """Where a read ends the tensor's life: its equation, or, for a read inside a loop of a
@@ -394,7 +412,9 @@ class MemoryModel:
             src = ng.node_of_tensor.get(t)
             phase = ng.nodes[src].phase if src is not None else UPDATE
             own = src is not None and (
-                self.unfused.get(t, False) or len({self.read_at[u] for u in reads}) > 1
+                self.unfused.get(t, False)
+                or len({self.read_at[u] for u in reads}) > 1
+                or t in self.reads_twin
             )
             external = tuple(
                 (min(self.read_at[u], self.end), u.dst, u.dst_map, self._upcast(t, u))

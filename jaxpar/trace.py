@@ -301,7 +301,8 @@ class _Flattener:
         # custom_vjp_call_jaxpr-style calls may carry extra leading operands (consts)
         operands = list(eqn.invars)[-len(inner.invars) :] if inner.invars else []
         for iv, atom in zip(inner.invars, operands, strict=True):
-            tid, lit = (over[atom], None) if over and atom in over else self.read(env, atom)
+            barred = over and not isinstance(atom, jex_core.Literal) and atom in over
+            tid, lit = (over[atom], None) if barred else self.read(env, atom)
             if tid is None:
                 tid = self.new_tensor(iv.aval)
                 self.consts[tid] = lit
