@@ -47,7 +47,7 @@ def measure(name: str, mesh_axes: dict, nodes: int) -> dict:
     cluster = jaxpar.Cluster.preset("p100", devices=devices)
     mesh = jaxpar.make_mesh(mesh_axes, devices=jax.devices()[:devices])
     # no memory budget: OptCNN's search has none, and on simulated CPU devices the model's
-    # 32 % margin leaves GPT-2 at batch 64 over 16 P100s (12.1 GB predicted) without a plan
+    # 26 % margin leaves GPT-2 at batch 64 over 16 P100s (12.1 GB predicted) without a plan
     step = jaxpar.auto_shard(ex.step, mesh=mesh, cluster=cluster, memory_budget=None)
     t0 = time.perf_counter()
     lowered = step.lower(*ex.args)  # plans (trace, graph, costs, search), then lowers

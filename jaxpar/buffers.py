@@ -113,7 +113,7 @@ def cse_after_barriers(program) -> dict[int, int]:
     and an equation whose primitive, params, literals and (transparent) inputs equal an
     earlier one's, with an input that came through a barrier or a merged tensor, is merged
     (duplicates made from no data, such as a mask's iotas, are followed but not returned: XLA
-    fuses them anyway).
+    fuses them anyway). A barrier's outputs are returned too: XLA:CPU has removed it.
     """
     same: dict[int, int] = {}  # tensor -> its earlier twin (barriers: their operand)
     seen: dict[tuple, tuple[int, ...]] = {}
@@ -130,7 +130,7 @@ def cse_after_barriers(program) -> dict[int, int]:
         if e.primitive == BARRIER and len(e.inputs) == len(e.outputs):
             for src, out in zip(e.inputs, e.outputs, strict=True):
                 if src is not None:
-                    same[out] = same.get(src, src)
+                    same[out] = merged[out] = same.get(src, src)  # the barrier is gone
             continue
         inputs = tuple(None if t is None else same.get(t, t) for t in e.inputs)
         try:

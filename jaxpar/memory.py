@@ -14,6 +14,11 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   once per (tensor, before, after) and XLA's CSE merges repeated ones, so a parameter gathered
   for the forward pass stays gathered until the backward pass reads it, unless remat
   recomputes it behind an optimization barrier (`trace` keeps `jax.checkpoint`'s barrier).
+  XLA:CPU (``cpu``) schedules each reshard as soon as its source exists (every all-gather of
+  a 2-layer llama3_70b-width step within 8 instructions of its operand, though read hundreds
+  later): there a forward tensor's copy that only the backward pass reads lives from the
+  tensor's production (`_eager`). XLA:CPU also drops the barrier and merges remat's
+  recomputation with the forward pass (`buffers.cse_after_barriers`).
 - A buffer lives from the equation producing it to its last reader, in program order. A view
   (transpose, reshape) of a buffer whose only reader it is takes that buffer over (XLA makes it
   a bitcast, or folds it into the producer's layout).
@@ -71,9 +76,9 @@ RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, frag
 # A plan fits a budget when its predicted peak is within (1 - margin) of it: the margin is kept
 # for the model's own error. On XLA:CPU it is measured (tests/test_memory.py,
 # bench/memory_fullwidth.py): compiled/predicted peak up to 1.34 on the small GPT's
-# memory-constrained plans, 1.19 at llama3_70b's width (0.92 with remat, since remat's merging
-# by XLA:CPU is modelled), so CPU_MODEL_MARGIN keeps 1 - 1/1.35 of the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is a
-# guard of 10 %. See docs/design.md, "Memory".
+# memory-constrained plans, 1.11 at llama3_70b's width (0.93 with remat), so CPU_MODEL_MARGIN
+# keeps 1 - 1/1.35 of the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is
+# a guard of 10 %. See docs/design.md, "Memory".
 MODEL_MARGIN = 0.1
 CPU_MODEL_MARGIN = 0.26
 
@@ -474,7 +479,8 @@ class MemoryModel:
             and all(self._slices_only(t, have, want) for want in copies)
         )
         for want, reads in copies.items():
-            first = born if scatter else min(at for at, _ in reads)
+            # XLA:CPU reshards eagerly, right after the source (module docstring)
+            first = born if scatter or self._eager(phase, reads) else min(at for at, _ in reads)
             last_direct = max(last_direct, first)  # the copy is made from the original
             self._buffer(self._bytes(t, want), first, reads, phase, live)
         if t in self.producer_eqn and self.cpu and self._half(t):
@@ -506,6 +512,15 @@ class MemoryModel:
             self._buffer(size, at, [(max(a, at), up) for a, up in direct], phase, live)
         else:
             self._buffer(size, born, direct, phase, live)
+
+    def _eager(self, phase: str, reads) -> bool:
+        """Whether XLA:CPU makes a forward tensor's copy read only after the forward pass
+        right after the tensor (its scheduler hoists the reshard into the forward pass)."""
+        return (
+            self.cpu
+            and phase == FORWARD
+            and all(at >= self.end or self.phase_of_eqn[at] != FORWARD for at, _ in reads)
+        )
 
     def _half(self, t: int) -> bool:
         return self.inp.ng.program.tensors[t].dtype in HALF_FLOATS

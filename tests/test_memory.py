@@ -20,12 +20,18 @@ from models.llama import llama_config, llama_example
 
 MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b": 2, "c": 2}}
 # The model is a liveness walk over the jaxpr with XLA's fusion approximated by planning nodes,
-# XLA:CPU's float32 dots, bitcast views and generated masks modelled, and buffers placed in the
-# allocations of results not donated (docs/design.md, "Memory"). Measured on these plans:
-# predicted/compiled 0.897-1.092, except GPT under auto on mesh (8,): 0.79 donated, 0.82 not
-# (XLA:CPU keeps more [b, s, d] buffers for the backward than the model).
+# XLA:CPU's float32 dots, bitcast views, generated masks, eager reshards and merging of remat
+# modelled, and buffers placed in the allocations of results not donated (docs/design.md,
+# "Memory"). Measured on these plans: predicted/compiled 0.92-1.09, except under auto the GPT
+# on mesh (8,), 0.79 donated, and llama_small on (2,2,2), 0.84 (XLA:CPU keeps more activations
+# for the backward than the model). Not in these tests: the small CNN, 0.62-0.88 (XLA:CPU's
+# convolutions keep their outputs and transposed copies of their inputs for the backward pass;
+# not modelled).
 FIDELITY_BAND = (0.89, 1.10)
-WIDER_BAND = {("gpt_small", "8", "auto"): (0.76, 1.10)}
+WIDER_BAND = {
+    ("gpt_small", "8", "auto"): (0.76, 1.10),
+    ("llama_small", "2x2x2", "auto"): (0.8, 1.10),
+}
 
 
 @functools.cache
@@ -37,7 +43,7 @@ def example(name):
 @pytest.mark.parametrize("donate", [False, True])
 @pytest.mark.parametrize("strategy", ["auto", "data", "fsdp"])
 @pytest.mark.parametrize("mesh", sorted(MESHES))
-@pytest.mark.parametrize("name", ["mlp", "gpt_small"])
+@pytest.mark.parametrize("name", ["mlp", "gpt_small", "llama_small"])
 def test_predicted_peak_against_compiled(name, mesh, strategy, donate):
     ex = example(name)
     step = jaxpar.auto_shard(
@@ -119,12 +125,18 @@ def test_recomputed_values_merge_with_the_forward_pass():
     program, _ = trace(jax.grad(loss), (w, x))
     merged = cse_after_barriers(program)
     producer = {t: e for e in program.eqns for t in e.outputs}
-    prims = sorted(producer[t].primitive for t in merged)
+    barriers = [e for e in program.eqns if e.primitive == "optimization_barrier"]
+    assert barriers
+    for e in barriers:  # XLA:CPU removes them: their outputs are their operands
+        assert [merged[t] for t in e.outputs] == list(e.inputs)
+    recomputed = {
+        t: f for t, f in merged.items() if producer[t].primitive != "optimization_barrier"
+    }
+    prims = sorted(producer[t].primitive for t in recomputed)
     assert "dot_general" in prims and "tanh" in prims, prims
-    for t, first in merged.items():  # the twin comes first and is the same computation
+    for t, first in recomputed.items():  # the twin comes first and is the same computation
         assert producer[first].index < producer[t].index
         assert producer[first].primitive == producer[t].primitive
-    assert all(producer[t].primitive != "optimization_barrier" for t in merged)
 
 
 @pytest.mark.closed_form
