@@ -17,8 +17,9 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   XLA:CPU (``cpu``) schedules each reshard as soon as its source exists (every all-gather of
   a 2-layer llama3_70b-width step within 8 instructions of its operand, though read hundreds
   later): there a forward tensor's copy that only the backward pass reads lives from the
-  tensor's production (`_eager`). XLA:CPU also drops the barrier and merges remat's
-  recomputation with the forward pass (`buffers.cse_after_barriers`).
+  tensor's production, and a parameter's copies, casts, transposes and reversals from the
+  step's start, where XLA:CPU makes them (`_eager`, `from_params`). XLA:CPU also drops the
+  barrier and merges remat's recomputation with the forward pass (`buffers.cse_after_barriers`).
 - A buffer lives from the equation producing it to its last reader, in program order. A view
   (transpose, reshape) of a buffer whose only reader it is takes that buffer over (XLA makes it
   a bitcast, or folds it into the producer's layout).
@@ -76,10 +77,12 @@ RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, frag
 # A plan fits a budget when its predicted peak is within (1 - margin) of it: the margin is kept
 # for the model's own error. On XLA:CPU it is measured (tests/test_memory.py,
 # bench/memory_fullwidth.py): compiled/predicted peak up to 1.34 on the small GPT's
-# memory-constrained plans, 1.11 at llama3_70b's width (0.93 with remat), so CPU_MODEL_MARGIN
+# memory-constrained plans, 1.09 at llama3_70b's width (0.91 with remat), so CPU_MODEL_MARGIN
 # keeps 1 - 1/1.35 of the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is
 # a guard of 10 %. See docs/design.md, "Memory".
 MODEL_MARGIN = 0.1
+# the layout changes and casts of a parameter XLA:CPU makes at the step's start
+PARAM_LAYOUTS = frozenset({"transpose", "rev", "convert_element_type", "reshape", "squeeze"})
 CPU_MODEL_MARGIN = 0.26
 
 
@@ -251,6 +254,20 @@ class MemoryModel:
         self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
         self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
         self.generated = generated_tensors(program)
+        # XLA:CPU makes the casts, transposes and reversals of parameters (a kernel reversed
+        # for the backward convolution) at the step's start
+        self.from_params: set[int] = set()
+        if self.cpu:
+            ready = {t for t in program.invars if inputs.arg_kinds.get(t) == "params"}
+            ready |= set(program.consts)
+            for e in program.eqns:
+                if (
+                    e.primitive in PARAM_LAYOUTS
+                    and self.phase_of_eqn[e.index] != UPDATE
+                    and e.inputs[0] in ready
+                ):
+                    ready.update(e.outputs)
+                    self.from_params.update(e.outputs)
         # tensor -> the view of it that takes over its buffer (its only reader is the view)
         self.view_of: dict[int, int] = {}
         for e in program.eqns:
@@ -413,7 +430,7 @@ class MemoryModel:
         out = None
         if not (tensor.opaque or not tensor.nbytes or not tensor.shape or t in ng.program.consts):
             is_arg = t in self.invar_set
-            born = -1 if is_arg else self.producer_eqn.get(t, -1)
+            born = -1 if is_arg or t in self.from_params else self.producer_eqn.get(t, -1)
             src = ng.node_of_tensor.get(t)
             phase = ng.nodes[src].phase if src is not None else UPDATE
             own = src is not None and (
@@ -480,7 +497,7 @@ class MemoryModel:
         )
         for want, reads in copies.items():
             # XLA:CPU reshards eagerly, right after the source (module docstring)
-            first = born if scatter or self._eager(phase, reads) else min(at for at, _ in reads)
+            first = born if scatter or self._eager(t, phase, reads) else min(at for at, _ in reads)
             last_direct = max(last_direct, first)  # the copy is made from the original
             self._buffer(self._bytes(t, want), first, reads, phase, live)
         if t in self.producer_eqn and self.cpu and self._half(t):
@@ -513,13 +530,17 @@ class MemoryModel:
         else:
             self._buffer(size, born, direct, phase, live)
 
-    def _eager(self, phase: str, reads) -> bool:
-        """Whether XLA:CPU makes a forward tensor's copy read only after the forward pass
-        right after the tensor (its scheduler hoists the reshard into the forward pass)."""
-        return (
-            self.cpu
-            and phase == FORWARD
-            and all(at >= self.end or self.phase_of_eqn[at] != FORWARD for at, _ in reads)
+    def _eager(self, t: int, phase: str, reads) -> bool:
+        """Whether XLA:CPU makes this copy of ``t`` right after ``t``, not at its first
+        reader: a parameter's (or its cast's, transpose's...) at the step's start, as it
+        gathers every weight there; a forward tensor's that only the backward pass reads (its
+        scheduler hoists the reshard into the forward pass)."""
+        if not self.cpu:
+            return False
+        if t in self.from_params or self.inp.arg_kinds.get(t) == "params":
+            return True
+        return phase == FORWARD and all(
+            at >= self.end or self.phase_of_eqn[at] != FORWARD for at, _ in reads
         )
 
     def _half(self, t: int) -> bool:

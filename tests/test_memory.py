@@ -20,18 +20,15 @@ from models.llama import llama_config, llama_example
 
 MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b": 2, "c": 2}}
 # The model is a liveness walk over the jaxpr with XLA's fusion approximated by planning nodes,
-# XLA:CPU's float32 dots, bitcast views, generated masks, eager reshards and merging of remat
-# modelled, and buffers placed in the allocations of results not donated (docs/design.md,
-# "Memory"). Measured on these plans: predicted/compiled 0.92-1.09, except under auto the GPT
-# on mesh (8,), 0.79 donated, and llama_small on (2,2,2), 0.84 (XLA:CPU keeps more activations
-# for the backward than the model). Not in these tests: the small CNN, 0.62-0.88 (XLA:CPU's
-# convolutions keep their outputs and transposed copies of their inputs for the backward pass;
-# not modelled).
+# XLA:CPU's float32 dots, bitcast views, generated masks, eager reshards and weight casts and
+# merging of remat modelled, and buffers placed in the allocations of results not donated
+# (docs/design.md, "Memory"). Measured on these plans: predicted/compiled 0.92-1.09, except the
+# GPT under auto on mesh (8,), 0.79 donated (XLA:CPU keeps more [b, s, d] buffers for the
+# backward than the model). Not in these tests: the small CNN, 0.68-0.96, and LeNet-5,
+# 0.89-1.29 (XLA:CPU's convolutions keep their outputs and transposed copies of their inputs
+# for the backward pass; not modelled).
 FIDELITY_BAND = (0.89, 1.10)
-WIDER_BAND = {
-    ("gpt_small", "8", "auto"): (0.76, 1.10),
-    ("llama_small", "2x2x2", "auto"): (0.8, 1.10),
-}
+WIDER_BAND = {("gpt_small", "8", "auto"): (0.76, 1.10)}
 
 
 @functools.cache
