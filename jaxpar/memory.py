@@ -282,6 +282,7 @@ class MemoryModel:
         self.order = sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1))
 
     def _phase_of(self, t: int) -> str:
+        """The phase of the node producing ``t`` (update for tensors of no node)."""
         node = self.inp.ng.node_of_tensor.get(t)
         return self.inp.ng.nodes[node].phase if node is not None else UPDATE
 
@@ -432,7 +433,7 @@ class MemoryModel:
             is_arg = t in self.invar_set
             born = -1 if is_arg or t in self.from_params else self.producer_eqn.get(t, -1)
             src = ng.node_of_tensor.get(t)
-            phase = ng.nodes[src].phase if src is not None else UPDATE
+            phase = self._phase_of(t)
             own = src is not None and (
                 self.unfused.get(t, False)
                 or len({self.read_at[u] for u in reads}) > 1
