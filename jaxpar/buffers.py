@@ -22,6 +22,12 @@ VIEWS = frozenset({"transpose", "reshape", "squeeze", "expand_dims"})
 # reduction or dot (on XLA:CPU a library call) needs its operands stored
 FUSING_READERS = FUSIBLE | VIEWS | {"pad", "slice", "concatenate", "rev"}
 GENERATORS = frozenset({"broadcast_in_dim", "iota"})
+# elementwise ops XLA's fusion does not duplicate into several consumers (its `IsExpensive`):
+# a value computed by one is stored for the backward pass rather than recomputed there
+EXPENSIVE = frozenset(
+    {"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "div", "rsqrt", "sqrt",
+     "pow", "erf", "erf_inv", "sin", "cos", "tan", "atan2", "cbrt", "rem"}
+)  # fmt: skip
 # On XLA:CPU a dot or convolution of 16-bit floats runs in float32: its operands are converted
 # (the conversion fused into their producer) and its result is float32 until converted back.
 UPCAST_READERS = frozenset({"dot_general", "conv_general_dilated"})

@@ -25,6 +25,9 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   a bitcast, or folds it into the producer's layout).
 - Tensors computed from no data (iotas, broadcast literals, masks made of them) are recomputed
   inside each elementwise reader, as XLA fuses them; only non-fusing readers store them.
+- XLA:CPU (``cpu``) does not fuse across the forward/backward boundary: a forward elementwise
+  value the backward pass reads is kept until then, or recomputed there from kept values when
+  its chain is cheap (`_recompute_in_backward`).
 - XLA:CPU (``cpu``) runs dots and convolutions of 16-bit floats in float32: a bfloat16 buffer
   (or resharded copy) read by a dot is stored as float32 (twice the bytes; beside the bfloat16
   one when other readers need that), and the dot's float32 result lives until converted back.
@@ -55,6 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from .buffers import (
+    EXPENSIVE,
     FUSIBLE,
     FUSING_READERS,
     HALF_FLOATS,
@@ -66,7 +70,7 @@ from .buffers import (
     hosted_in_results,
 )  # fmt: skip
 from .configs import Config, dim_degrees, shard_count, spec_of
-from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE
+from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE, phase_of
 from .nodes import NodeGraph
 from .reshard import SLICE, reshard_path
 from .tables import EdgeUse
@@ -76,9 +80,10 @@ ARG_KINDS = ("params", "optimizer", "batch", "other")
 RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, fragmentation)
 # A plan fits a budget when its predicted peak is within (1 - margin) of it: the margin is kept
 # for the model's own error. On XLA:CPU it is measured (tests/test_memory.py,
-# bench/memory_fullwidth.py): compiled/predicted peak up to 1.34 on the small GPT's
-# memory-constrained plans, 1.09 at llama3_70b's width (0.91 with remat), so CPU_MODEL_MARGIN
-# keeps 1 - 1/1.35 of the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is
+# bench/memory_fullwidth.py): compiled/predicted peak up to 1.19 on the small GPT's
+# memory-constrained plans (1.34 when the margin was set), 1.10 at llama3_70b's width (0.92 with
+# remat), 1.40 on LeNet-5 not donated (not covered), so CPU_MODEL_MARGIN keeps 1 - 1/1.35 of
+# the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is
 # a guard of 10 %. See docs/design.md, "Memory".
 MODEL_MARGIN = 0.1
 # the layout changes and casts of a parameter XLA:CPU makes at the step's start
@@ -236,6 +241,9 @@ class MemoryModel:
             if u.tensor in merged:
                 self.reads_twin.add(merged[u.tensor])
             self.reads.setdefault(merged.get(u.tensor, u.tensor), []).append(u)
+        self.unfused = {t: e.primitive not in FUSIBLE for e in program.eqns for t in e.outputs}
+        self.generated = generated_tensors(program)
+        self.kept_for_backward = self._recompute_in_backward() if self.cpu else set()
         # buffers read in a later phase, or inside a loop from outside it (live through it)
         kept = [u for us in self.reads.values() for u in us]
         self.long_lived = (
@@ -248,12 +256,8 @@ class MemoryModel:
         self._statics: dict[int, tuple | None] = {}
         self._nbytes: dict[int, int] = {}
         self.invar_set = set(program.invars)
-        # results of contractions, reductions, gathers...: XLA fuses elementwise chains
-        # (`nodes` groups them) but not into these producers, so they are buffers
-        self.unfused = {t: e.primitive not in FUSIBLE for e in program.eqns for t in e.outputs}
         self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
         self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
-        self.generated = generated_tensors(program)
         # XLA:CPU makes the casts, transposes and reversals of parameters (a kernel reversed
         # for the backward convolution) at the step's start
         self.from_params: set[int] = set()
@@ -280,6 +284,106 @@ class MemoryModel:
                 self.view_of[src] = out
         # tensors in the order of their producing equations (a view after its operand)
         self.order = sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1))
+
+    def _recompute_in_backward(self) -> set[int]:
+        """Which forward values XLA:CPU keeps for the backward pass; the others it recomputes
+        there. Returns the kept ones; a recomputed value's backward reads become reads of the
+        tensors its elementwise chain starts from (`_chain_roots`).
+
+        Reads inside a node count as fused, but XLA does not fuse across the forward/backward
+        boundary, and `nodes` gives forward nodes elementwise followers from the backward pass
+        (batch norm's gradient of ``mean(x**2)`` reads ``2 * x``). A forward elementwise value
+        read by backward elementwise equations is recomputed when every tensor of its size
+        that its chain starts from is kept anyway, and its chain neither broadcasts a computed
+        value nor holds an op XLA does not duplicate (`EXPENSIVE`); otherwise it is kept.
+        Measured against XLA:CPU's buffer assignment (docs/design.md, "Memory"): GELU's
+        ``cdf`` is recomputed from its kept ``tanh``, batch norm's ``x - mean`` is kept.
+        Values are decided in program order, so each after those it is computed from."""
+        program = self.inp.ng.program
+        producer = {t: program.eqns[i] for t, i in self.producer_eqn.items()}
+        node_of = self.inp.ng.node_of_tensor
+        invars = set(program.invars)
+
+        def backward(u: EdgeUse) -> bool:
+            at = u.order[0]
+            return at < self.end and phase_of(program.eqns[at].name_stack) != FORWARD
+
+        kept: set[int] = set()
+        for t in sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1)):
+            e = producer.get(t)
+            if e is None or t in self.generated or phase_of(e.name_stack) != FORWARD:
+                continue
+            late = [u for u in self.reads[t] if backward(u)]
+            if not late:
+                continue
+            if self.unfused.get(t, False) or t not in node_of:
+                kept.add(t)
+                continue
+            roots, chain = self._chain_roots(t, node_of[t], producer, kept)
+            size = program.tensors[t].nbytes
+            big = [r for r in roots - invars if program.tensors[r].nbytes >= size]
+            recompute = (
+                big
+                and all(r in kept for r in big)
+                and all(self._fuses(u) for u in late)
+                and not any(self._spreads(producer[x]) for x in chain)
+                and not any(producer[x].primitive in EXPENSIVE for x in chain)
+            )
+            if not recompute:
+                kept.add(t)
+                continue
+            self.reads[t] = [u for u in self.reads[t] if u not in late]
+            for r in roots - invars:
+                for u in late:
+                    read = self._read_of_root(r, t, u)
+                    if read is not None:
+                        self.read_at[read] = self._read_position(read)
+                        self.reads.setdefault(r, []).append(read)
+        return kept
+
+    def _read_of_root(self, r: int, t: int, u: EdgeUse) -> EdgeUse | None:
+        """The read ``u`` of the recomputed ``t`` as a read of ``r``, a root of its chain: in
+        the reader's layout when the two have one shape, else in the layout ``t``'s node
+        reads ``r`` in."""
+        ng = self.inp.ng
+        node = ng.node_of_tensor[t]
+        own = next((v for v in self.reads.get(r, ()) if v.dst == node), None)
+        if ng.program.tensors[r].shape == ng.program.tensors[t].shape and r in ng.node_of_tensor:
+            src_map = own.src_map if own is not None else u.src_map
+            return dataclasses.replace(u, src=ng.node_of_tensor[r], tensor=r, src_map=src_map)
+        return dataclasses.replace(own, order=u.order) if own is not None else None
+
+    def _spreads(self, e) -> bool:
+        """Whether ``e`` broadcasts a computed value (explicitly, or by an operand with fewer
+        elements than its result): XLA:CPU materializes such values rather than recompute."""
+        tensors = self.inp.ng.program.tensors
+        size = tensors[e.outputs[0]].size
+        computed = [
+            t for t in e.inputs if t is not None and t not in self.generated and tensors[t].shape
+        ]
+        if e.primitive == "broadcast_in_dim":
+            return bool(computed)
+        return any(tensors[t].size < size for t in computed)
+
+    def _chain_roots(self, t: int, node: int, producer, kept) -> tuple[set[int], set[int]]:
+        """Where the elementwise chain in ``node`` that ends at ``t`` starts: tensors from
+        other nodes or arguments, unfused results, and values kept for the backward pass."""
+        program = self.inp.ng.program
+        roots, stack, seen = set(), [t], {t}
+        while stack:
+            x = stack.pop()
+            if x in self.generated or x in program.consts:
+                continue  # recomputed in the reader
+            e = producer.get(x)
+            outside = e is None or self.inp.ng.node_of_tensor.get(x) != node
+            if x != t and (outside or self.unfused.get(x) or x in kept):
+                roots.add(x)
+                continue
+            for y in e.inputs:
+                if y is not None and y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        return roots, (seen - roots - self.generated) & set(producer)
 
     def _phase_of(self, t: int) -> str:
         """The phase of the node producing ``t`` (update for tensors of no node)."""
@@ -438,6 +542,7 @@ class MemoryModel:
                 self.unfused.get(t, False)
                 or len({self.read_at[u] for u in reads}) > 1
                 or t in self.reads_twin
+                or t in self.kept_for_backward
             )
             external = tuple(
                 (min(self.read_at[u], self.end), u.dst, u.dst_map, self._upcast(t, u))
