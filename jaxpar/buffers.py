@@ -8,11 +8,12 @@ Pure: numpy only.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
+from .graph import FORWARD, phase_of
 from .rules import ELEMENTWISE
 
 FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
@@ -100,6 +101,90 @@ def generated_tensors(program) -> frozenset[int]:
         if all(source) and (e.primitive in GENERATORS or any(t in out for t in e.inputs)):
             out.update(e.outputs)
     return frozenset(out)
+
+
+def recomputed_in_backward(
+    program,
+    node_of: Mapping[int, int],
+    readers: Mapping[int, Sequence[int]],
+    generated: frozenset[int],
+) -> tuple[set[int], dict[int, tuple[set[int], set[int]]]]:
+    """Which forward values XLA:CPU keeps for the backward pass, and which it recomputes there:
+    (kept, {value: (the tensors its elementwise chain starts from, which the backward then
+    reads instead; the backward equations that read it)}). ``readers``: tensor -> the
+    equations reading it; ``node_of``: tensor -> its planning node; ``generated``: the
+    program's `generated_tensors`.
+
+    XLA does not fuse across the forward/backward boundary, while `nodes` gives forward nodes
+    elementwise followers from the backward pass (batch norm's gradient of ``mean(x**2)``
+    reads ``2 * x``). A forward elementwise value that backward equations read is recomputed
+    when they all fuse it, every tensor of its size its chain starts from is kept anyway, and
+    the chain neither broadcasts a computed value nor holds an op XLA does not duplicate
+    (`EXPENSIVE`); otherwise it is kept. Measured against XLA:CPU's buffer assignment
+    (docs/design.md, "Memory"): GELU's ``1 + tanh`` is recomputed from its kept ``tanh``,
+    batch norm's ``x - mean`` is kept. Values are decided in program order, each after those it
+    is computed from."""
+    producer = {t: e for e in program.eqns for t in e.outputs}
+    forward = [phase_of(e.name_stack) == FORWARD for e in program.eqns]
+    invars = set(program.invars)
+    kept: set[int] = set()
+    recomputed: dict[int, tuple[set[int], set[int]]] = {}
+    for t in sorted(readers, key=lambda t: producer[t].index if t in producer else -1):
+        e = producer.get(t)
+        if e is None or t in generated or not forward[e.index]:
+            continue
+        late = {at for at in readers[t] if not forward[at]}
+        if not late:
+            continue
+        if e.primitive not in FUSIBLE or t not in node_of:
+            kept.add(t)
+            continue
+        roots, chain = _chain_roots(program, t, node_of, producer, generated, kept)
+        size = program.tensors[t].nbytes
+        big = [r for r in roots - invars if program.tensors[r].nbytes >= size]
+        if (
+            big
+            and all(r in kept for r in big)
+            and all(program.eqns[at].primitive in FUSING_READERS for at in late)
+            and not any(_spreads(program, producer[x], generated) for x in chain)
+            and not any(producer[x].primitive in EXPENSIVE for x in chain)
+        ):
+            recomputed[t] = (roots - invars, late)
+        else:
+            kept.add(t)
+    return kept, recomputed
+
+
+def _spreads(program, e, generated) -> bool:
+    """Whether ``e`` broadcasts a computed value (explicitly, or by an operand with fewer
+    elements than its result): XLA:CPU materializes such values rather than recompute them."""
+    tensors = program.tensors
+    computed = [t for t in e.inputs if t is not None and t not in generated and tensors[t].shape]
+    if e.primitive == "broadcast_in_dim":
+        return bool(computed)
+    return any(tensors[t].size < tensors[e.outputs[0]].size for t in computed)
+
+
+def _chain_roots(program, t, node_of, producer, generated, kept) -> tuple[set[int], set[int]]:
+    """Where the elementwise chain in ``t``'s node that ends at ``t`` starts (tensors from
+    other nodes or arguments, unfused results, kept values), and the chain's computed tensors.
+    Generated tensors and constants start nothing: XLA recomputes them in their readers."""
+    node = node_of[t]
+    roots, seen, stack = set(), {t}, [t]
+    while stack:
+        x = stack.pop()
+        if x in generated or x in program.consts:
+            continue
+        e = producer.get(x)
+        outside = e is None or node_of.get(x) != node
+        if x != t and (outside or e.primitive not in FUSIBLE or x in kept):
+            roots.add(x)
+            continue
+        for y in e.inputs:
+            if y is not None and y not in seen:
+                seen.add(y)
+                stack.append(y)
+    return roots, (seen - roots - generated) & producer.keys()
 
 
 BARRIER = "optimization_barrier"

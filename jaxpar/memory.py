@@ -27,7 +27,7 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   inside each elementwise reader, as XLA fuses them; only non-fusing readers store them.
 - XLA:CPU (``cpu``) does not fuse across the forward/backward boundary: a forward elementwise
   value the backward pass reads is kept until then, or recomputed there from kept values when
-  its chain is cheap (`_recompute_in_backward`).
+  its chain is cheap (`buffers.recomputed_in_backward`).
 - XLA:CPU (``cpu``) runs dots and convolutions of 16-bit floats in float32: a bfloat16 buffer
   (or resharded copy) read by a dot is stored as float32 (twice the bytes; beside the bfloat16
   one when other readers need that), and the dot's float32 result lives until converted back.
@@ -58,7 +58,6 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from .buffers import (
-    EXPENSIVE,
     FUSIBLE,
     FUSING_READERS,
     HALF_FLOATS,
@@ -68,9 +67,10 @@ from .buffers import (
     cse_after_barriers,
     generated_tensors,
     hosted_in_results,
+    recomputed_in_backward,
 )  # fmt: skip
 from .configs import Config, dim_degrees, shard_count, spec_of
-from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE, phase_of
+from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE
 from .nodes import NodeGraph
 from .reshard import SLICE, reshard_path
 from .tables import EdgeUse
@@ -241,6 +241,8 @@ class MemoryModel:
             if u.tensor in merged:
                 self.reads_twin.add(merged[u.tensor])
             self.reads.setdefault(merged.get(u.tensor, u.tensor), []).append(u)
+        # results of contractions, reductions, gathers...: XLA fuses elementwise chains
+        # (`nodes` groups them) but not into these producers, so they are buffers
         self.unfused = {t: e.primitive not in FUSIBLE for e in program.eqns for t in e.outputs}
         self.generated = generated_tensors(program)
         self.kept_for_backward = self._recompute_in_backward() if self.cpu else set()
@@ -286,54 +288,18 @@ class MemoryModel:
         self.order = sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1))
 
     def _recompute_in_backward(self) -> set[int]:
-        """Which forward values XLA:CPU keeps for the backward pass; the others it recomputes
-        there. Returns the kept ones; a recomputed value's backward reads become reads of the
-        tensors its elementwise chain starts from (`_chain_roots`).
-
-        Reads inside a node count as fused, but XLA does not fuse across the forward/backward
-        boundary, and `nodes` gives forward nodes elementwise followers from the backward pass
-        (batch norm's gradient of ``mean(x**2)`` reads ``2 * x``). A forward elementwise value
-        read by backward elementwise equations is recomputed when every tensor of its size
-        that its chain starts from is kept anyway, and its chain neither broadcasts a computed
-        value nor holds an op XLA does not duplicate (`EXPENSIVE`); otherwise it is kept.
-        Measured against XLA:CPU's buffer assignment (docs/design.md, "Memory"): GELU's
-        ``cdf`` is recomputed from its kept ``tanh``, batch norm's ``x - mean`` is kept.
-        Values are decided in program order, so each after those it is computed from."""
-        program = self.inp.ng.program
-        producer = {t: program.eqns[i] for t, i in self.producer_eqn.items()}
-        node_of = self.inp.ng.node_of_tensor
-        invars = set(program.invars)
-
-        def backward(u: EdgeUse) -> bool:
-            at = u.order[0]
-            return at < self.end and phase_of(program.eqns[at].name_stack) != FORWARD
-
-        kept: set[int] = set()
-        for t in sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1)):
-            e = producer.get(t)
-            if e is None or t in self.generated or phase_of(e.name_stack) != FORWARD:
-                continue
-            late = [u for u in self.reads[t] if backward(u)]
-            if not late:
-                continue
-            if self.unfused.get(t, False) or t not in node_of:
-                kept.add(t)
-                continue
-            roots, chain = self._chain_roots(t, node_of[t], producer, kept)
-            size = program.tensors[t].nbytes
-            big = [r for r in roots - invars if program.tensors[r].nbytes >= size]
-            recompute = (
-                big
-                and all(r in kept for r in big)
-                and all(self._fuses(u) for u in late)
-                and not any(self._spreads(producer[x]) for x in chain)
-                and not any(producer[x].primitive in EXPENSIVE for x in chain)
-            )
-            if not recompute:
-                kept.add(t)
-                continue
-            self.reads[t] = [u for u in self.reads[t] if u not in late]
-            for r in roots - invars:
+        """The forward values XLA:CPU keeps for the backward pass (`recomputed_in_backward`);
+        the backward reads of those it recomputes become reads of their chains' roots."""
+        ng = self.inp.ng
+        end = self.end
+        readers = {t: [u.order[0] for u in us if u.order[0] < end] for t, us in self.reads.items()}
+        kept, recomputed = recomputed_in_backward(
+            ng.program, ng.node_of_tensor, readers, self.generated
+        )
+        for t, (roots, late_eqns) in recomputed.items():
+            late = [u for u in self.reads[t] if u.order[0] in late_eqns]
+            self.reads[t] = [u for u in self.reads[t] if u.order[0] not in late_eqns]
+            for r in roots:
                 for u in late:
                     read = self._read_of_root(r, t, u)
                     if read is not None:
@@ -352,38 +318,6 @@ class MemoryModel:
             src_map = own.src_map if own is not None else u.src_map
             return dataclasses.replace(u, src=ng.node_of_tensor[r], tensor=r, src_map=src_map)
         return dataclasses.replace(own, order=u.order) if own is not None else None
-
-    def _spreads(self, e) -> bool:
-        """Whether ``e`` broadcasts a computed value (explicitly, or by an operand with fewer
-        elements than its result): XLA:CPU materializes such values rather than recompute."""
-        tensors = self.inp.ng.program.tensors
-        size = tensors[e.outputs[0]].size
-        computed = [
-            t for t in e.inputs if t is not None and t not in self.generated and tensors[t].shape
-        ]
-        if e.primitive == "broadcast_in_dim":
-            return bool(computed)
-        return any(tensors[t].size < size for t in computed)
-
-    def _chain_roots(self, t: int, node: int, producer, kept) -> tuple[set[int], set[int]]:
-        """Where the elementwise chain in ``node`` that ends at ``t`` starts: tensors from
-        other nodes or arguments, unfused results, and values kept for the backward pass."""
-        program = self.inp.ng.program
-        roots, stack, seen = set(), [t], {t}
-        while stack:
-            x = stack.pop()
-            if x in self.generated or x in program.consts:
-                continue  # recomputed in the reader
-            e = producer.get(x)
-            outside = e is None or self.inp.ng.node_of_tensor.get(x) != node
-            if x != t and (outside or self.unfused.get(x) or x in kept):
-                roots.add(x)
-                continue
-            for y in e.inputs:
-                if y is not None and y not in seen:
-                    seen.add(y)
-                    stack.append(y)
-        return roots, (seen - roots - self.generated) & set(producer)
 
     def _phase_of(self, t: int) -> str:
         """The phase of the node producing ``t`` (update for tensors of no node)."""

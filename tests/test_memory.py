@@ -148,7 +148,7 @@ def test_recomputed_values_merge_with_the_forward_pass():
 
 @pytest.mark.closed_form
 def test_backward_recomputes_cheap_forward_values_from_kept_ones():
-    """`MemoryModel._recompute_in_backward` on XLA:CPU: of the forward values a GELU's and a
+    """`buffers.recomputed_in_backward` on XLA:CPU: of the forward values a GELU's and a
     centring's backward reads, ``x - mean`` (its chain broadcasts the mean) and ``tanh`` (XLA
     does not duplicate it) are kept; the rest (``1 + tanh``, ``x**3``...) are recomputed in
     the backward pass, which then reads the values they are computed from."""
