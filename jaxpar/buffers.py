@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .graph import FORWARD, phase_of
+from .graph import BACKWARD, FORWARD, UPDATE, phase_of
 from .rules import ELEMENTWISE
 
 FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
@@ -101,6 +101,147 @@ def generated_tensors(program) -> frozenset[int]:
         if all(source) and (e.primitive in GENERATORS or any(t in out for t in e.inputs)):
             out.update(e.outputs)
     return frozenset(out)
+
+
+def transposed_operands(program) -> frozenset[tuple[int, int]]:
+    """(equation, operand) of the convolution operands XLA:CPU reads through a transposed copy.
+
+    Its convolution kernel takes the input as (batch, spatial..., feature) and the kernel as
+    (spatial..., in, out) in memory; an operand whose dimension numbers order its dims
+    otherwise (dims of size 1 aside) is copied into that order first. The gradient of a kernel
+    is such a convolution of both a forward activation and an output gradient (batch is its
+    contracted dim), the gradient of an input one of the kernel (in and out swapped).
+    """
+    out = set()
+    for e in program.eqns:
+        if e.primitive != "conv_general_dilated":
+            continue
+        dn = e.params["dimension_numbers"]
+        lhs, rhs = dn.lhs_spec, dn.rhs_spec
+        wanted = ((lhs[0], *lhs[2:], lhs[1]), (*rhs[2:], rhs[1], rhs[0]))
+        for pos, order in enumerate(wanted):
+            t = e.inputs[pos]
+            if t is None:
+                continue
+            shape = program.tensors[t].shape
+            moved = [d for d in order if shape[d] != 1]
+            if moved != sorted(moved):
+                out.add((e.index, pos))
+    return frozenset(out)
+
+
+def scheduled_updates(
+    program, phases: Sequence[str], last_read: Mapping[int, int], writes: Mapping[int, int]
+) -> tuple[list[int], dict[int, int], dict[int, list[int]]]:
+    """Where XLA:CPU runs the optimizer's equations, as equation indices.
+
+    Each parameter's update is one fusion (`update_fusions`) that runs as soon as its gradient
+    exists (so that the gradient dies there), and not before the last forward or backward
+    read of the donated argument it overwrites (``last_read``: argument -> equation;
+    ``writes``: equation -> the argument its result becomes). What reads no computed value (a
+    learning rate, a decayed moment) is fused into its readers. Measured on the small models'
+    steps: the update fusions follow their gradients in XLA:CPU's schedule.
+
+    Returns (position of every equation, update equation -> its fusion, update equation
+    fused into its readers -> those readers).
+    """
+    position = list(range(len(program.eqns)))
+    fusions, free = update_fusions(program, phases)
+    producer = {t: e.index for e in program.eqns for t in e.outputs}
+    members = {i for group in fusions for i in group} | free
+    for group in fusions:
+        at = 0
+        for i in group:
+            at = max(at, last_read.get(writes.get(i, -1), 0))
+            for t in program.eqns[i].inputs:
+                j = producer.get(t, -1) if t is not None else -1
+                if j >= 0 and j not in members:
+                    at = max(at, j)
+        for i in group:
+            position[i] = at
+    readers: dict[int, list[int]] = {}
+    for e in program.eqns:
+        for t in e.inputs:
+            if t is not None:
+                readers.setdefault(t, []).append(e.index)
+    fused_into: dict[int, list[int]] = {}
+    for i in sorted(free, reverse=True):
+        fused_into[i] = [j for t in program.eqns[i].outputs for j in readers.get(t, ())]
+        position[i] = min((position[j] for j in fused_into[i]), default=i)
+    group_of = {i: g for g, group in enumerate(fusions) for i in group}
+    return position, group_of, fused_into
+
+
+def updates_after_sync(
+    ng,
+    position: Sequence[int],
+    update_eqns: frozenset[int],
+    fused_into: Mapping[int, Sequence[int]],
+    combine_at: Mapping[int, int],
+) -> dict[int, int]:
+    """Update equations `scheduled_updates` places too early for a plan whose gradient
+    all-reduces XLA:CPU combines into one at the backward pass's end -> their position: an
+    update that depends on a reduced gradient (``combine_at``: gradient -> where its combined
+    all-reduce runs; a node's followers of it, a cast or a transpose, are ready there too)
+    keeps its place in program order, after it, and what is fused into it goes with it."""
+    if not combine_at or not update_eqns:
+        return {}
+    eqns = ng.program.eqns
+    synced = {ng.node_of_tensor[t]: at for t, at in combine_at.items()}  # node -> all-reduce
+    producer = {t: e.index for e in eqns for t in e.outputs}
+    ready: dict[int, int] = {}  # tensor -> where it is ready, where later than made
+    out: dict[int, int] = {}
+    for i in range(min(producer[t] for t in combine_at), len(eqns)):
+        at = position[i]
+        for t in eqns[i].inputs:
+            if t is not None:
+                at = max(at, synced.get(ng.node_of_tensor.get(t), -1), ready.get(t, -1))
+        if at > position[i]:
+            ready.update(dict.fromkeys(eqns[i].outputs, at))
+            if i in update_eqns:
+                out[i] = max(at, i)
+    for i in sorted(fused_into, reverse=True):
+        if any(j in out for j in fused_into[i]):
+            out[i] = min(out.get(j, position[j]) for j in fused_into[i])
+    return out
+
+
+def update_fusions(program, phases: Sequence[str]) -> tuple[list[list[int]], frozenset[int]]:
+    """The optimizer's equations (after the backward pass begins, outside loops), as XLA
+    fuses them: groups connected through computed values (one parameter's update: its
+    moments, their corrections, the new value; a global norm joins them all), and those that
+    read no computed value (``free``). ``phases``: each equation's phase from its name stack."""
+    start = next((i for i, ph in enumerate(phases) if ph == BACKWARD), None)
+    if start is None:
+        return [], frozenset()
+    producer = {t: e.index for e in program.eqns for t in e.outputs}
+    update = [
+        i for i in range(start, len(program.eqns))
+        if phases[i] == UPDATE and program.eqns[i].region < 0
+    ]  # fmt: skip
+    members = set(update)
+    free: set[int] = set()
+    parent = {i: i for i in update}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in update:
+        sources = [producer[t] for t in program.eqns[i].inputs if t is not None and t in producer]
+        if all(j in free for j in sources):
+            free.add(i)
+            continue
+        for j in sources:
+            if j in members and j not in free:
+                parent[root(j)] = root(i)
+    groups: dict[int, list[int]] = {}
+    for i in update:
+        if i not in free:
+            groups.setdefault(root(i), []).append(i)
+    return list(groups.values()), frozenset(free)
 
 
 def recomputed_in_backward(

@@ -28,6 +28,14 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
 - XLA:CPU (``cpu``) does not fuse across the forward/backward boundary: a forward elementwise
   value the backward pass reads is kept until then, or recomputed there from kept values when
   its chain is cheap (`buffers.recomputed_in_backward`).
+- XLA:CPU (``cpu``) runs a convolution on (batch, spatial..., feature) inputs and (spatial...,
+  in, out) kernels: a kernel gradient reads transposed copies of its stored activation and
+  output gradient, made with them (an argument's at the step's start), an input gradient one
+  of its kernel (`buffers.transposed_operands`).
+- XLA:CPU (``cpu``) runs each parameter's update as soon as its gradient exists, and one
+  that overwrites a donated argument not before that argument's last read
+  (`buffers.scheduled_updates`); an update of an all-reduced gradient runs after the
+  combined all-reduce, in program order (`buffers.updates_after_sync`).
 - XLA:CPU (``cpu``) runs dots and convolutions of 16-bit floats in float32: a bfloat16 buffer
   (or resharded copy) read by a dot is stored as float32 (twice the bytes; beside the bfloat16
   one when other readers need that), and the dot's float32 result lives until converted back.
@@ -68,9 +76,12 @@ from .buffers import (
     generated_tensors,
     hosted_in_results,
     recomputed_in_backward,
+    scheduled_updates,
+    transposed_operands,
+    updates_after_sync,
 )  # fmt: skip
 from .configs import Config, dim_degrees, shard_count, spec_of
-from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE
+from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE, phase_of
 from .nodes import NodeGraph
 from .reshard import SLICE, reshard_path
 from .tables import EdgeUse
@@ -82,8 +93,8 @@ RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, frag
 # for the model's own error. On XLA:CPU it is measured (tests/test_memory.py,
 # bench/memory_fullwidth.py): compiled/predicted peak up to 1.19 on the small GPT's
 # memory-constrained plans (1.34 when the margin was set), 1.10 at llama3_70b's width (0.92 with
-# remat), 1.40 on LeNet-5 not donated (not covered), so CPU_MODEL_MARGIN keeps 1 - 1/1.35 of
-# the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is
+# remat), at most 1.125 on the small zoo's 90 test plans, so CPU_MODEL_MARGIN keeps
+# 1 - 1/1.35 of the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is
 # a guard of 10 %. See docs/design.md, "Memory".
 MODEL_MARGIN = 0.1
 # the layout changes and casts of a parameter XLA:CPU makes at the step's start
@@ -226,6 +237,12 @@ class MemoryModel:
                 self.producer_eqn[t] = e.index
         self.cpu = inputs.combine_syncs if inputs.cpu is None else inputs.cpu
         self.outvar_set = {t for t in program.outvars if t is not None}
+        self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
+        self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
+        self.update_eqns: frozenset[int] = frozenset()
+        self.fused_into: dict[int, list[int]] = {}  # update equation reading no computed value
+        self.update_group: dict[int, int] = {}  # update equation -> its fusion
+        self.position = self._schedule() if self.cpu else list(range(self.n_eqns))
         # XLA:CPU merges remat's recomputations with the forward pass (`cse_after_barriers`):
         # their readers read the forward tensor, and the merged equations' own reads go
         merged = cse_after_barriers(program) if self.cpu else {}
@@ -246,6 +263,7 @@ class MemoryModel:
         self.unfused = {t: e.primitive not in FUSIBLE for e in program.eqns for t in e.outputs}
         self.generated = generated_tensors(program)
         self.kept_for_backward = self._recompute_in_backward() if self.cpu else set()
+        self.transposed = transposed_operands(program) if self.cpu else frozenset()
         # buffers read in a later phase, or inside a loop from outside it (live through it)
         kept = [u for us in self.reads.values() for u in us]
         self.long_lived = (
@@ -258,8 +276,6 @@ class MemoryModel:
         self._statics: dict[int, tuple | None] = {}
         self._nbytes: dict[int, int] = {}
         self.invar_set = set(program.invars)
-        self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
-        self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
         # XLA:CPU makes the casts, transposes and reversals of parameters (a kernel reversed
         # for the backward convolution) at the step's start
         self.from_params: set[int] = set()
@@ -286,6 +302,24 @@ class MemoryModel:
                 self.view_of[src] = out
         # tensors in the order of their producing equations (a view after its operand)
         self.order = sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1))
+
+    def _schedule(self) -> list[int]:
+        """Where each equation runs (`buffers.scheduled_updates`): the optimizer's as their
+        gradients exist, the rest in program order."""
+        inp, program = self.inp, self.inp.ng.program
+        phases = [phase_of(e.name_stack) for e in program.eqns]
+        last_read: dict[int, int] = {}
+        for u in inp.uses:
+            at = u.order[0]
+            if u.tensor in inp.donated and at < self.n_eqns and phases[at] != UPDATE:
+                last_read[u.tensor] = max(last_read.get(u.tensor, 0), at)
+        made = self.producer_eqn
+        writes = {made[t]: arg for t, arg in inp.feedback.items() if t in made}
+        position, self.update_group, self.fused_into = scheduled_updates(
+            program, phases, last_read, writes
+        )
+        self.update_eqns = frozenset(self.update_group) | frozenset(self.fused_into)
+        return position
 
     def _recompute_in_backward(self) -> set[int]:
         """The forward values XLA:CPU keeps for the backward pass (`recomputed_in_backward`);
@@ -319,6 +353,10 @@ class MemoryModel:
             return dataclasses.replace(u, src=ng.node_of_tensor[r], tensor=r, src_map=src_map)
         return dataclasses.replace(own, order=u.order) if own is not None else None
 
+    def _made_at(self, t: int) -> int:
+        """Where ``t`` is produced (its equation's position; -1 for an argument)."""
+        return self.position[self.producer_eqn[t]] if t in self.producer_eqn else -1
+
     def _phase_of(self, t: int) -> str:
         """The phase of the node producing ``t`` (update for tensors of no node)."""
         node = self.inp.ng.node_of_tensor.get(t)
@@ -328,7 +366,7 @@ class MemoryModel:
         """Where a read ends the tensor's life: its equation, or, for a read inside a loop of a
         tensor made outside it, the loop's last equation (every iteration reads it)."""
         program = self.inp.ng.program
-        at = u.order[0]
+        at = self.position[u.order[0]] if u.order[0] < self.n_eqns else u.order[0]
         for loop in program.region_chain(self.inp.ng.nodes[u.dst].region):
             if loop == u.context:
                 break
@@ -377,6 +415,9 @@ class MemoryModel:
         syncs, sync_produced = self._sync_tensors(cfg)
         combine_at = self._combine_points(syncs) if inp.combine_syncs else {}
         scattered = set() if inp.combine_syncs else sync_produced
+        delayed = updates_after_sync(
+            self.inp.ng, self.position, self.update_eqns, self.fused_into, combine_at
+        )
         buffers: list[Buffer] = []
 
         def registers(t: int) -> Callable[[float, int, int, str], None]:
@@ -391,7 +432,7 @@ class MemoryModel:
         for t in self.order:
             self._tensor_buffers(
                 t, self.reads[t], cfg, spec, out_specs, combine_at, scattered, inherited,
-                registers(t),
+                delayed, registers(t),
             )  # fmt: skip
         own = [t for t in out_specs if not (t in inp.feedback and inp.feedback[t] in inp.donated)]
         # a node's results are one (multi-output) fusion: all written by its first one
@@ -399,7 +440,8 @@ class MemoryModel:
         for t in own:
             if t in self.producer_eqn:
                 v = ng.node_of_eqn[self.producer_eqn[t]]
-                first[v] = min(first.get(v, self.end), self.producer_eqn[t])
+                made = self.producer_eqn[t]
+                first[v] = min(first.get(v, self.end), delayed.get(made, self._made_at(t)))
         results = [  # (bytes, equation writing it): an allocation of its own
             (self._bytes(t, out_specs[t]),
              first[ng.node_of_eqn[self.producer_eqn[t]]] if t in self.producer_eqn else 0)
@@ -469,7 +511,7 @@ class MemoryModel:
         out = None
         if not (tensor.opaque or not tensor.nbytes or not tensor.shape or t in ng.program.consts):
             is_arg = t in self.invar_set
-            born = -1 if is_arg or t in self.from_params else self.producer_eqn.get(t, -1)
+            born = -1 if is_arg or t in self.from_params else self._made_at(t)
             src = ng.node_of_tensor.get(t)
             phase = self._phase_of(t)
             own = src is not None and (
@@ -479,14 +521,27 @@ class MemoryModel:
                 or t in self.kept_for_backward
             )
             external = tuple(
-                (min(self.read_at[u], self.end), u.dst, u.dst_map, self._upcast(t, u))
+                self._external_read(t, u)
                 for u in reads
                 if (u.dst != src or u.order[0] >= self.end or own)
                 and not (t in self.generated and self._fuses(u))
+                and not self._fused_update(t, u)
             )
-            out = (is_arg, born, phase, external)
+            made_by = self.producer_eqn.get(t, -1) if born >= 0 else -1
+            out = (is_arg, born, phase, external, made_by)
         self._statics[t] = out
         return out
+
+    def _external_read(self, t: int, u: EdgeUse) -> tuple:
+        """(where, reader node, its map, upcast, transposed, reading equation)."""
+        at = min(self.read_at[u], self.end)
+        return (at, u.dst, u.dst_map, self._upcast(t, u), u.order in self.transposed, u.order[0])
+
+    def _fused_update(self, t: int, u: EdgeUse) -> bool:
+        """Whether ``u`` reads an update's value of no computed input (a decayed moment),
+        which XLA computes inside its readers."""
+        made = self.producer_eqn.get(t, -1)
+        return not self.unfused.get(t, True) and u.order[0] in self.fused_into.get(made, ())
 
     def _fuses(self, u: EdgeUse) -> bool:
         """Whether XLA fuses the computation of a broadcast or iota into the reader ``u``."""
@@ -504,7 +559,7 @@ class MemoryModel:
         )
 
     def _tensor_buffers(
-        self, t, reads, cfg, spec, out_specs, combine_at, scattered, inherited, live
+        self, t, reads, cfg, spec, out_specs, combine_at, scattered, inherited, delayed, live
     ) -> None:
         """Register the buffers of tensor ``t``: the produced one and its resharded copies.
 
@@ -514,21 +569,26 @@ class MemoryModel:
         static = self._static(t, reads)
         if static is None:
             return
-        is_arg, born, phase, external = static
+        is_arg, born, phase, external, made_by = static
+        born = delayed.get(made_by, born)
         if t in inherited:  # a view of a buffer that ends at the view: that buffer goes on
             born, synced_at = inherited.pop(t)
         else:
             synced_at = combine_at.get(t)
         have = spec.get(t, ())
-        copies: dict[tuple, list[tuple[int, bool]]] = {}
-        direct: list[tuple[int, bool]] = []
-        for at, dst, dst_map, upcast in external:
+        copies: dict[tuple, list[tuple[int, bool, bool]]] = {}
+        direct: list[tuple[int, bool, bool]] = []
+        # a transposed copy for a convolution is made of a stored buffer: an argument, an
+        # unfused result or a resharded copy (XLA fuses it into an elementwise producer)
+        stored = is_arg or self.unfused.get(t, False)
+        for at, dst, dst_map, upcast, turned, eqn in external:
+            at = delayed.get(eqn, at)
             want = spec_of(dst_map, cfg[dst])
             if want == have or at >= self.end:
-                direct.append((at, upcast))
+                direct.append((at, upcast, turned and stored))
             else:
-                copies.setdefault(want, []).append((at, upcast))
-        last_direct = max([born] + [at for at, _ in direct])
+                copies.setdefault(want, []).append((at, upcast, turned))
+        last_direct = max([born] + [at for at, _, _ in direct])
         scatter = (
             t in scattered
             and copies
@@ -537,7 +597,7 @@ class MemoryModel:
         )
         for want, reads in copies.items():
             # XLA:CPU reshards eagerly, right after the source (module docstring)
-            first = born if scatter or self._eager(t, phase, reads) else min(at for at, _ in reads)
+            first = born if scatter or self._eager(t, phase, reads) else min(r[0] for r in reads)
             last_direct = max(last_direct, first)  # the copy is made from the original
             self._buffer(self._bytes(t, want), first, reads, phase, live)
         if t in self.producer_eqn and self.cpu and self._half(t):
@@ -545,9 +605,12 @@ class MemoryModel:
             if e.primitive in UPCAST_READERS:  # the float32 result, converted back at once
                 live(2 * self._bytes(t, have), born, born, phase)
         if is_arg:  # counted whole; a float32 copy for 16-bit dots on XLA:CPU
-            dots = [at for at, up in direct if up]
+            dots = [at for at, up, turned in direct if up and not turned]
             if dots:
                 live(2 * self._bytes(t, have), min(dots), max(dots), phase)
+            turned = [at for at, _, tr in direct if tr]
+            if turned:  # made at the step's start, as XLA:CPU makes a parameter's layouts
+                live(self._bytes(t, have), born, max(turned), phase)
             return
         if not external:
             return  # a tensor read only in its node is fused
@@ -558,7 +621,7 @@ class MemoryModel:
         if (
             view is not None
             and len(direct) == 1
-            and not direct[0][1]
+            and not (direct[0][1] or direct[0][2])
             and self._bytes(view, spec.get(view, ())) == size
         ):
             inherited[view] = (born, synced_at)  # the view's buffer is this one
@@ -566,7 +629,7 @@ class MemoryModel:
         if synced_at is not None:
             at = synced_at
             live(size, born, at, phase)  # the partial sum, until the combined all-reduce
-            self._buffer(size, at, [(max(a, at), up) for a, up in direct], phase, live)
+            self._buffer(size, at, [(max(a, at), *r) for a, *r in direct], phase, live)
         else:
             self._buffer(size, born, direct, phase, live)
 
@@ -580,7 +643,7 @@ class MemoryModel:
         if t in self.from_params or self.inp.arg_kinds.get(t) == "params":
             return True
         return phase == FORWARD and all(
-            at >= self.end or self.phase_of_eqn[at] != FORWARD for at, _ in reads
+            at >= self.end or self.phase_of_eqn[at] != FORWARD for at, *_ in reads
         )
 
     def _half(self, t: int) -> bool:
@@ -589,11 +652,18 @@ class MemoryModel:
     @staticmethod
     def _buffer(size: float, born: int, reads, phase: str, live, wide: float = -1.0) -> None:
         """A buffer of ``size`` bytes from ``born`` to its last read. On XLA:CPU the reads by
-        16-bit dots (``reads``: (at, upcast)) take a float32 copy of ``wide`` bytes (default
-        twice ``size``): made with the buffer when only dots read it, else at the first dot."""
+        16-bit dots (``reads``: (at, upcast, transposed)) take a float32 copy of ``wide`` bytes
+        (default twice ``size``): made with the buffer when only dots read it, else at the
+        first dot. Convolutions reading it transposed read a copy made with the buffer (of
+        ``wide`` bytes where they upcast): the buffer itself lives to its other reads."""
         wide = 2 * size if wide < 0 else wide
-        plain = [at for at, up in reads if not up]
-        dots = [at for at, up in reads if up]
+        turned = [(at, up) for at, up, tr in reads if tr]
+        if turned:
+            copy = wide if any(up for _, up in turned) else size
+            live(copy, born, max(at for at, _ in turned), phase)
+            reads = [r for r in reads if not r[2]]
+        plain = [at for at, up, _ in reads if not up]
+        dots = [at for at, up, _ in reads if up]
         if not dots:
             live(size, born, max(plain, default=born), phase)
         elif not plain:

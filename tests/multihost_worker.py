@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--mismatch", action="store_true", help="also run the mismatch scenarios")
     ap.add_argument("--watchdog", type=float, default=0, help="dump stacks and exit after S s")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)  # a fresh machine has no output folder yet
     if args.watchdog:
         faulthandler.dump_traceback_later(args.watchdog, exit=True)
     nproc, me = args.num_processes, args.process_id
