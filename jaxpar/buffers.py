@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .graph import BACKWARD, FORWARD, UPDATE, phase_of
+from .kernels import transposed_conv_operands
 from .rules import ELEMENTWISE
 
 FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
@@ -104,30 +105,11 @@ def generated_tensors(program) -> frozenset[int]:
 
 
 def transposed_operands(program) -> frozenset[tuple[int, int]]:
-    """(equation, operand) of the convolution operands XLA:CPU reads through a transposed copy.
-
-    Its convolution kernel takes the input as (batch, spatial..., feature) and the kernel as
-    (spatial..., in, out) in memory; an operand whose dimension numbers order its dims
-    otherwise (dims of size 1 aside) is copied into that order first. The gradient of a kernel
-    is such a convolution of both a forward activation and an output gradient (batch is its
-    contracted dim), the gradient of an input one of the kernel (in and out swapped).
-    """
-    out = set()
-    for e in program.eqns:
-        if e.primitive != "conv_general_dilated":
-            continue
-        dn = e.params["dimension_numbers"]
-        lhs, rhs = dn.lhs_spec, dn.rhs_spec
-        wanted = ((lhs[0], *lhs[2:], lhs[1]), (*rhs[2:], rhs[1], rhs[0]))
-        for pos, order in enumerate(wanted):
-            t = e.inputs[pos]
-            if t is None:
-                continue
-            shape = program.tensors[t].shape
-            moved = [d for d in order if shape[d] != 1]
-            if moved != sorted(moved):
-                out.add((e.index, pos))
-    return frozenset(out)
+    """(equation, operand) of the convolution operands XLA:CPU reads through a transposed
+    copy (`kernels.transposed_conv_operands`)."""
+    return frozenset(
+        (e.index, pos) for e in program.eqns for pos in transposed_conv_operands(program, e)
+    )
 
 
 def scheduled_updates(

@@ -61,14 +61,19 @@ class FusionRules:
     each of them, however many (XLA:GPU duplicates the producer: softmax's masked, shifted
     exponentials are never written); without it, only a result with one reader is.
     ``sibling_reductions``: sibling reductions share their read (`shared_reads`).
+    ``convolution_copies``: a convolution reads its operands in one layout, and copies those it
+    finds in another first (`transposed_conv_operands`; XLA:CPU), a kernel each.
     """
 
     duplicate_producers: bool
     sibling_reductions: bool
+    convolution_copies: bool = False
 
 
 ACCELERATOR_FUSION = FusionRules(duplicate_producers=True, sibling_reductions=True)
-CPU_FUSION = FusionRules(duplicate_producers=False, sibling_reductions=False)
+CPU_FUSION = FusionRules(
+    duplicate_producers=False, sibling_reductions=False, convolution_copies=True
+)
 
 
 def fusion_for(platform: str) -> FusionRules:
@@ -305,6 +310,12 @@ def node_kernels(
             tuple((s, t, mp) for s, (t, mp) in reads.items() if s not in skip) if writes else ()
         )
         partial = _partial_access(program, node, group, rules)
+        if contraction and rules.convolution_copies:
+            anchor = node.members[group[0]]
+            for pos in transposed_conv_operands(program, eqns[anchor.eqn]):
+                t, mp = eqns[anchor.eqn].inputs[pos], anchor.in_maps[pos]
+                if mp is not None:  # reads the operand, writes its copy
+                    kernels.append(Kernel((), ((t, t, mp),), ((t, mp),), False))
         kernels.append(
             Kernel(tuple(group), kernel_reads, tuple(writes.items()), contraction, partial)
         )
@@ -342,6 +353,30 @@ def _partial_access(
             else:
                 whole.update(sources)
     return tuple((t, b, mp) for t, (b, mp) in bounded.items() if t not in whole)
+
+
+def transposed_conv_operands(program: Program, eqn: Equation) -> tuple[int, ...]:
+    """Positions of the operands of ``eqn`` (a convolution) that XLA:CPU copies first.
+
+    Its convolution kernel takes the input as (batch, spatial..., feature) and the kernel as
+    (spatial..., in, out) in memory; an operand whose dimension numbers order its dims
+    otherwise (dims of size 1 aside) is copied into that order. The gradient of a kernel is
+    such a convolution of both a forward activation and an output gradient (batch is its
+    contracted dim), the gradient of an input one of the kernel (in and out swapped).
+    """
+    if eqn.primitive != "conv_general_dilated":
+        return ()
+    dn = eqn.params["dimension_numbers"]
+    lhs, rhs = dn.lhs_spec, dn.rhs_spec
+    wanted = ((lhs[0], *lhs[2:], lhs[1]), (*rhs[2:], rhs[1], rhs[0]))
+    out = []
+    for pos, order in enumerate(wanted):
+        t = eqn.inputs[pos]
+        if t is not None:
+            moved = [d for d in order if program.tensors[t].shape[d] != 1]
+            if moved != sorted(moved):
+                out.append(pos)
+    return tuple(out)
 
 
 def _moves_data(eqn: Equation) -> bool:

@@ -1,6 +1,7 @@
 """Closed forms (docs/design.md, "Test tiers"): collective formulas, reshard paths, rules, the
 one pricing function shared by the search and the report; the pure core imports no jax."""
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -337,6 +338,43 @@ def test_fusion_rules_follow_the_backend():
     assert shared_reads(siblings, CPU_FUSION) == {}
     assert fusion_for("cpu") is CPU_FUSION
     assert fusion_for("gpu") is fusion_for("tpu") is fusion_for("abstract") is ACCELERATOR_FUSION
+
+
+def test_xla_cpu_copies_a_kernel_gradients_operands_first():
+    """XLA:CPU runs a convolution on (batch, spatial..., feature) inputs and (spatial..., in,
+    out) kernels: the kernel gradient (batch contracted) copies both its operands into that
+    layout first, one kernel each that reads and writes the operand; the forward convolution
+    none; an accelerator's rules none."""
+    import jax
+
+    from jaxpar.cost import node_work
+    from jaxpar.kernels import ACCELERATOR_FUSION, CPU_FUSION, node_kernels
+
+    def loss(w, x):
+        y = jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        return (y**2).sum()
+
+    ng = _tiny_program(jax.grad(loss), (3, 3, 4, 8), (2, 6, 6, 4))
+    T = ng.program.tensors
+    convs = [n for n in ng.nodes if n.anchor >= 0 and ng.program.eqns[n.anchor].primitive
+             == "conv_general_dilated"]  # fmt: skip
+    by_output = {T[ng.program.eqns[n.anchor].outputs[0]].shape: n for n in convs}
+    forward, kernel_grad = by_output[(2, 6, 6, 8)], by_output[(3, 3, 4, 8)]
+    for node in convs:
+        assert len(node_kernels(ng, node, CPU_FUSION)) == len(
+            node_kernels(ng, node, ACCELERATOR_FUSION)
+        ) + (2 if node is kernel_grad else 0)
+    x_bytes, dy_bytes = 2 * 6 * 6 * 4 * 4, 2 * 6 * 6 * 8 * 4
+    unsplit = (-1,)  # one mesh axis, no dim split
+    cpu, gpu = (
+        node_work(ng, kernel_grad, [unsplit], dataclasses.replace(_params(), fusion=rules))
+        for rules in (CPU_FUSION, ACCELERATOR_FUSION)
+    )
+    assert cpu.nbytes[0] - gpu.nbytes[0] == pytest.approx(2 * (x_bytes + dy_bytes))
+    assert cpu.flops[0] == gpu.flops[0]
+    assert forward is not kernel_grad
 
 
 def test_indexing_touches_only_its_part():
