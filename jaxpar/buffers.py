@@ -156,6 +156,7 @@ def scheduled_updates(
 
 def updates_after_sync(
     ng,
+    producer: Mapping[int, int],
     position: Sequence[int],
     update_eqns: frozenset[int],
     fused_into: Mapping[int, Sequence[int]],
@@ -165,12 +166,12 @@ def updates_after_sync(
     all-reduces XLA:CPU combines into one at the backward pass's end -> their position: an
     update that depends on a reduced gradient (``combine_at``: gradient -> where its combined
     all-reduce runs; a node's followers of it, a cast or a transpose, are ready there too)
-    keeps its place in program order, after it, and what is fused into it goes with it."""
+    keeps its place in program order, after it, and what is fused into it goes with it.
+    ``producer``: tensor -> the equation making it. Runs on every assignment priced."""
     if not combine_at or not update_eqns:
         return {}
     eqns = ng.program.eqns
     synced = {ng.node_of_tensor[t]: at for t, at in combine_at.items()}  # node -> all-reduce
-    producer = {t: e.index for e in eqns for t in e.outputs}
     ready: dict[int, int] = {}  # tensor -> where it is ready, where later than made
     out: dict[int, int] = {}
     for i in range(min(producer[t] for t in combine_at), len(eqns)):

@@ -241,7 +241,6 @@ class MemoryModel:
         self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
         self.update_eqns: frozenset[int] = frozenset()
         self.fused_into: dict[int, list[int]] = {}  # update equation reading no computed value
-        self.update_group: dict[int, int] = {}  # update equation -> its fusion
         self.position = self._schedule() if self.cpu else list(range(self.n_eqns))
         # XLA:CPU merges remat's recomputations with the forward pass (`cse_after_barriers`):
         # their readers read the forward tensor, and the merged equations' own reads go
@@ -315,10 +314,8 @@ class MemoryModel:
                 last_read[u.tensor] = max(last_read.get(u.tensor, 0), at)
         made = self.producer_eqn
         writes = {made[t]: arg for t, arg in inp.feedback.items() if t in made}
-        position, self.update_group, self.fused_into = scheduled_updates(
-            program, phases, last_read, writes
-        )
-        self.update_eqns = frozenset(self.update_group) | frozenset(self.fused_into)
+        position, group_of, self.fused_into = scheduled_updates(program, phases, last_read, writes)
+        self.update_eqns = frozenset(group_of) | frozenset(self.fused_into)
         return position
 
     def _recompute_in_backward(self) -> set[int]:
@@ -416,7 +413,7 @@ class MemoryModel:
         combine_at = self._combine_points(syncs) if inp.combine_syncs else {}
         scattered = set() if inp.combine_syncs else sync_produced
         delayed = updates_after_sync(
-            self.inp.ng, self.position, self.update_eqns, self.fused_into, combine_at
+            ng, self.producer_eqn, self.position, self.update_eqns, self.fused_into, combine_at
         )
         buffers: list[Buffer] = []
 
