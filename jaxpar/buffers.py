@@ -104,6 +104,42 @@ def generated_tensors(program) -> frozenset[int]:
     return frozenset(out)
 
 
+def uniform_tensors(program) -> frozenset[int]:
+    """Tensors holding one value in every element, known without data: broadcasts of a scalar
+    computed from literals or constants (``zeros_like``, a loss's seed gradient ``1 / n``),
+    their views, and elementwise functions of only those and literals. XLA's algebraic
+    simplifier folds such a tensor into a broadcast of one constant, and turns an all-gather
+    of a broadcast into a broadcast of the gathered operand: gathering it runs no collective
+    (`reshard.priced_steps`; its all-to-alls stay). A loop's input (a carry's first value, a
+    scanned operand) is left out: the loop reads it through its operand tuple, and its
+    gathers stay (tests/test_loops.py)."""
+    out: set[int] = set()
+    scalars: set[int] = set()  # scalar values computed from literals and constants alone
+    for e in program.eqns:
+        if any(program.tensors[t].opaque for t in e.outputs) or len(e.outputs) != 1:
+            continue
+        known = [t is None or t in out or t in scalars or t in program.consts for t in e.inputs]
+        if not all(known) or e.primitive not in FUSIBLE | VIEWS:
+            continue
+        t = e.outputs[0]
+        if not program.tensors[t].shape:
+            scalars.add(t)
+        elif e.primitive == "broadcast_in_dim":
+            operand = e.inputs[0]
+            if operand is None or not program.tensors[operand].shape or operand in out:
+                out.add(t)
+        elif any(x in out for x in e.inputs):
+            out.add(t)
+    # a loop's input keeps its reshards (the docstring)
+    entering = {
+        t
+        for loop in program.regions
+        for e in (*loop.carry_eqns, *loop.slice_eqns)
+        for t in program.eqns[e].inputs
+    }
+    return frozenset(out - entering)
+
+
 def transposed_operands(program) -> frozenset[tuple[int, int]]:
     """(equation, operand) of the convolution operands XLA:CPU reads through a transposed
     copy (`kernels.transposed_conv_operands`)."""

@@ -24,8 +24,8 @@ from .graph import shape_str
 from .hardware.speeds import MeshSpeeds
 from .nodes import NodeGraph
 from .overlap import Timeline
-from .reshard import SLICE, reshard_path, step_time
-from .tables import CostTables
+from .reshard import priced_steps, reshard_path, step_time
+from .tables import CostTables, uniform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,16 +165,15 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     produced: set[tuple] = set()
     paths: list[list[tuple[tuple, float]]] = [[] for _ in tables.uses]  # per use, (key, s) a step
     configs = tables.configs
-    for u, use, nbytes, trips, feedback, name in _priced_reads(ctx):
+    for u, use, nbytes, trips, feedback, name, flat in _priced_reads(ctx):
         src = spec_of(use.src_map, configs[use.src][assignment[use.src]])
         dst = spec_of(use.dst_map, configs[use.dst][assignment[use.dst]])
         if src == dst:
             continue  # read as it is (most reads): no path
-        for step in reshard_path(nbytes, src, dst, mesh.sizes):
+        for step in priced_steps(reshard_path(nbytes, src, dst, mesh.sizes), flat):
             key = (use.tensor, use.context, step.before, step.after)
-            if step.kind != SLICE:
-                paths[u].append((key, step_time(step, mesh) * trips))
-            if step.kind == SLICE or key in produced:
+            paths[u].append((key, step_time(step, mesh) * trips))
+            if key in produced:
                 continue
             produced.add(key)
             t, moved = step_time(step, mesh) * trips, step.nbytes * trips
@@ -207,7 +206,8 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
 
 def _priced_reads(ctx: EvalContext) -> list[tuple]:
     """The reads an evaluation prices, with what does not depend on the assignment: (use index,
-    use, tensor bytes, trip count, whether it feeds the next step's state, tensor name). Reads
+    use, tensor bytes, trip count, whether it feeds the next step's state, tensor name, whether
+    the tensor is uniform: `tables.uniform`). Reads
     of opaque, scalar or empty tensors move nothing. Kept in ``ctx.memo``."""
     if "reads" not in ctx.memo:
         ng, out = ctx.ng, []
@@ -217,7 +217,8 @@ def _priced_reads(ctx: EvalContext) -> list[tuple]:
                 continue
             feedback = use.tensor in ctx.feedback and ng.nodes[use.dst].anchor < 0
             trips = ng.program.trips(use.context)
-            out.append((u, use, tensor.nbytes, trips, feedback, _tensor_name(ng, use.tensor)))
+            name, flat = _tensor_name(ng, use.tensor), uniform(ng.program, use.tensor)
+            out.append((u, use, tensor.nbytes, trips, feedback, name, flat))
         ctx.memo["reads"] = out
     return ctx.memo["reads"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -140,6 +141,21 @@ def reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tupl
     return _reshard_linear(src, dst, mesh, objective)
 
 
+def priced_steps(steps: Sequence[Step], uniform: bool = False) -> list[Step]:
+    """The steps of a path that move bytes: not its free slices, and for a ``uniform`` tensor
+    (`buffers.uniform_tensors`: one constant value in every element) not its all-gathers,
+    which XLA turns into broadcasts (its all-to-alls stay)."""
+    return [s for s in steps if s.kind != SLICE and not (uniform and s.kind == ALL_GATHER)]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def uniform_reshard_linear(
+    src: Spec, dst: Spec, mesh: MeshAxes, objective: str
+) -> tuple[float, float]:
+    """`reshard_linear` of a uniform tensor: its all-gathers cost nothing."""
+    return _linear_sum(priced_steps(reshard_path(1, src, dst, mesh.sizes), True), mesh, objective)
+
+
 @functools.lru_cache(maxsize=1 << 21)
 def _reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tuple[float, float]:
     """(fixed, per_byte): a reshard of a B-byte tensor costs fixed + B · per_byte.
@@ -148,7 +164,11 @@ def _reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tup
     bytes are proportional to B): under "time" fixed = Σ latency · ring_steps and per_byte =
     Σ fraction / bandwidth; under "comm" only bytes count (fixed = 0, per_byte = Σ fraction).
     """
-    steps = [s for s in reshard_path(1, src, dst, mesh.sizes) if s.kind != SLICE]
+    return _linear_sum(priced_steps(reshard_path(1, src, dst, mesh.sizes)), mesh, objective)
+
+
+def _linear_sum(steps: Sequence[Step], mesh: MeshAxes, objective: str) -> tuple[float, float]:
+    """(fixed, per_byte) of ``steps`` (see `_reshard_linear`)."""
     if objective == "comm":
         return 0.0, sum(s.nbytes for s in steps)
     fixed = sum(mesh.latency[s.axis] * ring_steps(s.kind, mesh.sizes[s.axis]) for s in steps)
@@ -162,12 +182,18 @@ DENSE_LAYOUTS = 1296  # largest number of layouts of one rank kept as a dense ta
 
 
 def _walk_linear(
-    src: Spec, dst: Spec, sizes: tuple[int, ...], mesh: MeshAxes, comm: bool
+    src: Spec,
+    dst: Spec,
+    sizes: tuple[int, ...],
+    mesh: MeshAxes,
+    comm: bool,
+    gathers_free: bool = False,
 ) -> tuple[float, float]:
     """`_reshard_linear` of ``src`` -> ``dst`` without building the path's steps: the same walk
     as `reshard_path` (free slices first, then one axis leaves a dim: an all-to-all when the
     target wants it next on another dim, else an all-gather), summing each collective's α and β
-    terms in path order, so the floats are those of `_reshard_linear`."""
+    terms in path order, so the floats are those of `_reshard_linear` (``gathers_free``: of
+    `uniform_reshard_linear`)."""
     cur = [list(x) for x in src]
     tgt = [list(x) for x in dst]
     n_dims = len(tgt)
@@ -226,6 +252,8 @@ def _walk_linear(
             used &= ~(1 << a)
             prod //= n
             nbytes = (n - 1) / n * (1 / prod) if n > 1 else 0.0
+            if gathers_free:
+                continue
         if comm:
             per_byte = per_byte + nbytes
         else:
@@ -240,7 +268,13 @@ WALK_BATCH = 2000  # missing pairs from which `_walk_batch` beats `_walk_linear`
 
 
 def _walk_batch(
-    src: np.ndarray, dst: np.ndarray, rank: int, mesh: MeshAxes, comm: bool, held: np.ndarray
+    src: np.ndarray,
+    dst: np.ndarray,
+    rank: int,
+    mesh: MeshAxes,
+    comm: bool,
+    held: np.ndarray,
+    gathers_free: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`_walk_linear` of many pairs of coded layouts at once (`LinearTables.codes`), in numpy:
     the same walk, step by step, each pair's α and β terms summed in its path's order (so the
@@ -339,11 +373,12 @@ def _walk_batch(
         i3, a3 = mv[~moved], a[~moved]
         used[i3] &= ~np.left_shift(1, a3)
         prod[i3] //= sizes[a3]
-        nbytes = np.where(n > 1, (n - 1) / n * (1 / prod[mv]), 0.0)
+        charged = (n > 1) & moved if gathers_free else n > 1
+        nbytes = np.where(charged, (n - 1) / n * (1 / prod[mv]), 0.0)
         if comm:
             per_byte[mv] = per_byte[mv] + nbytes
         else:
-            fixed[mv] = fixed[mv] + latency[a] * np.where(n > 1, n - 1, 0)
+            fixed[mv] = fixed[mv] + latency[a] * np.where(charged, n - 1, 0)
             per_byte[mv] = per_byte[mv] + nbytes / bandwidth[a]
     if len(ids):
         raise AssertionError("reshard_path did not converge")
@@ -401,11 +436,12 @@ class LinearTables:
     coded by the dim of each axis: code = Σ_a (dim(a) + 1) · (rank + 1)^a. Dims whole in every
     layout of a pattern are dropped first (they change neither the path nor any buffer, as in
     `reshard_linear`), so patterns of different ranks share entries. Entries are computed on
-    first use (`_walk_linear`, the same floats as `_reshard_linear`).
+    first use (`_walk_linear`, the same floats as `_reshard_linear`; with ``gathers_free``, as
+    `uniform_reshard_linear`).
     """
 
-    def __init__(self, mesh: MeshAxes, objective: str):
-        self.mesh, self.comm = mesh, objective == "comm"
+    def __init__(self, mesh: MeshAxes, objective: str, gathers_free: bool = False):
+        self.mesh, self.comm, self.gathers_free = mesh, objective == "comm", gathers_free
         self.sizes = tuple(mesh.sizes)
         self.dense: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         # walks of canonical pairs (`_canonical`), shared by every rank: sorted keys, values
@@ -462,7 +498,9 @@ class LinearTables:
         f[hit], b[hit] = fixed[at[hit]], per_byte[at[hit]]
         new = first[~hit]
         if len(new):
-            f[~hit], b[~hit] = _walk_batch(cs[new], cd[new], r, self.mesh, self.comm, held[new])
+            f[~hit], b[~hit] = _walk_batch(
+                cs[new], cd[new], r, self.mesh, self.comm, held[new], self.gathers_free
+            )
             merged = np.concatenate([keys, uniq[~hit]])
             order = np.argsort(merged, kind="stable")
             self.walked = (
@@ -505,7 +543,7 @@ class LinearTables:
             else:
                 pairs = [
                     _walk_linear(self._layout(int(s), r), self._layout(int(t), r), self.sizes,
-                                 self.mesh, self.comm)
+                                 self.mesh, self.comm, self.gathers_free)
                     for s, t in zip(s_codes, t_codes, strict=True)
                 ]  # fmt: skip
                 f, b = np.array([x[0] for x in pairs]), np.array([x[1] for x in pairs])
@@ -515,6 +553,7 @@ class LinearTables:
 
 
 @functools.lru_cache(maxsize=8)
-def linear_tables(mesh: MeshAxes, objective: str) -> LinearTables:
-    """The `LinearTables` of a mesh (kept across planning runs, like `reshard_linear`'s cache)."""
-    return LinearTables(mesh, objective)
+def linear_tables(mesh: MeshAxes, objective: str, gathers_free: bool = False) -> LinearTables:
+    """The `LinearTables` of a mesh (kept across planning runs, like `reshard_linear`'s cache);
+    ``gathers_free``: of `uniform_reshard_linear`, for uniform tensors."""
+    return LinearTables(mesh, objective, gathers_free)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .buffers import uniform_tensors
 from .collectives import ALL_REDUCE, all_reduce_buffer, ring_steps
 from .combine import Combiner
 from .configs import Config, Spec, node_configs, spec_of
@@ -39,9 +40,15 @@ from .cost import (
     node_collectives,
     unary_costs,
 )  # fmt: skip
-from .graph import BACKWARD, FORWARD, UPDATE
+from .graph import BACKWARD, FORWARD, UPDATE, Program
 from .nodes import Node, NodeGraph
-from .reshard import SLICE, linear_tables, reshard_linear, reshard_path
+from .reshard import (
+    linear_tables,
+    priced_steps,
+    reshard_linear,
+    reshard_path,
+    uniform_reshard_linear,
+)
 from .rules import DimMap
 from .search import Problem
 
@@ -58,6 +65,14 @@ class EdgeUse:
     dst_map: DimMap  # the layout the reader needs, in dst node iteration dims
     order: tuple[int, int] = (0, 0)  # (reading equation, operand) or (after all, result index)
     context: int = -1  # the innermost loop enclosing producer and reader: where `apply` reshards
+
+
+def uniform(program: Program, t: int) -> bool:
+    """Whether ``t`` is one of the program's `buffers.uniform_tensors` (kept in its memo):
+    its all-gathers are free."""
+    if "uniform" not in program.memo:
+        program.memo["uniform"] = uniform_tensors(program)
+    return t in program.memo["uniform"]
 
 
 def edge_uses(ng: NodeGraph, feedback: Sequence[tuple[int, int]]) -> list[EdgeUse]:
@@ -144,21 +159,21 @@ class ReshardTables:
         src_specs, si = self.layouts(use.src, use.src_map)
         dst_specs, di = self.layouts(use.dst, use.dst_map)
         trips = self.ng.program.trips(use.context)
+        flat = uniform(self.ng.program, use.tensor)
         read = (
             self.ids[(use.src, use.src_map)], self.ids[(use.dst, use.dst_map)], tensor.nbytes,
-            trips,
+            trips, flat,
         )  # fmt: skip
         if read in self.done:
             return self.done[read]
-        key = (tuple(src_specs), tuple(dst_specs))
+        key = (tuple(src_specs), tuple(dst_specs), flat)
         pair = self.tables.get(key)
         if pair is None:
             mesh, objective = self.params.mesh, self.params.objective
-            pair = linear_tables(mesh, objective).pattern(src_specs, dst_specs)
+            pair = linear_tables(mesh, objective, flat).pattern(src_specs, dst_specs)
             if pair is None:  # layouts without a dense table: pair by pair
-                lin = [
-                    [reshard_linear(a, b, mesh, objective) for b in dst_specs] for a in src_specs
-                ]
+                linear = uniform_reshard_linear if flat else reshard_linear
+                lin = [[linear(a, b, mesh, objective) for b in dst_specs] for a in src_specs]
                 pair = (
                     np.array([[x[0] for x in row] for row in lin]),
                     np.array([[x[1] for x in row] for row in lin]),
@@ -189,14 +204,15 @@ class SharedReshards:
         self.patterns: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 - one cache per planning run
-    def _step_parts(self, src: Spec, dst: Spec) -> dict[tuple[Spec, Spec], tuple[float, float]]:
+    def _step_parts(
+        self, src: Spec, dst: Spec, flat: bool
+    ) -> dict[tuple[Spec, Spec], tuple[float, float]]:
         """(before, after) -> (fixed, per-byte) cost of each collective step of the path src ->
-        dst, the α and β terms of `reshard.step_time` (bytes only under "comm")."""
+        dst, the α and β terms of `reshard.step_time` (bytes only under "comm"); ``flat``: of a
+        uniform tensor, whose all-gathers are free (`reshard.priced_steps`)."""
         mesh, comm = self.reshards.params.mesh, self.reshards.params.objective == "comm"
         out = {}
-        for step in reshard_path(1, src, dst, mesh.sizes):
-            if step.kind == SLICE:
-                continue
+        for step in priced_steps(reshard_path(1, src, dst, mesh.sizes), flat):
             a = step.axis
             if comm:
                 out[(step.before, step.after)] = (0.0, step.nbytes)
@@ -205,20 +221,20 @@ class SharedReshards:
                 out[(step.before, step.after)] = (fixed, step.nbytes / mesh.bandwidth[a])
         return out
 
-    def _pattern(self, src_specs: list[Spec], dst_specs: list[list[Spec]]):
+    def _pattern(self, src_specs: list[Spec], dst_specs: list[list[Spec]], flat: bool):
         """(fixed, per_byte) arrays over (source layout, reader 1 layout, ...).
 
         Per source layout, each reader's path is a boolean mask over the distinct steps; the
         union over readers is the OR of the masks, broadcast over every layout combination.
         """
-        key = (tuple(src_specs), tuple(tuple(d) for d in dst_specs))
+        key = (tuple(src_specs), tuple(tuple(d) for d in dst_specs), flat)
         if key in self.patterns:
             return self.patterns[key]
         m = len(dst_specs)
         shape = (len(src_specs), *(len(d) for d in dst_specs))
         fixed, per_byte = np.zeros(shape), np.zeros(shape)
         for s, src in enumerate(src_specs):
-            paths = [[self._step_parts(src, dst) for dst in specs] for specs in dst_specs]
+            paths = [[self._step_parts(src, dst, flat) for dst in specs] for specs in dst_specs]
             steps = {k: v for reader in paths for path in reader for k, v in path.items()}
             if not steps:
                 continue
@@ -248,8 +264,9 @@ class SharedReshards:
         dsts = [self.reshards.layouts(r.dst, r.dst_map) for r in reads]
         if len(src_specs) * math.prod(len(d[0]) for d in dsts) > PATTERN_BUDGET:
             return None
-        fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts])
         program = self.reshards.ng.program
+        flat = uniform(program, reads[0].tensor)
+        fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts], flat)
         tensor = program.tensors[reads[0].tensor]
         small = (fixed + float(tensor.nbytes) * per_byte) * program.trips(reads[0].context)
         # index grids over the nodes' configurations, one axis per node

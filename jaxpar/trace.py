@@ -24,6 +24,11 @@ import numpy as np
 from jax import tree_util
 from jax.extend import core as jex_core
 
+try:  # JAX's own dead-code elimination (internal: absent in some version, we skip it)
+    from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+except ImportError:  # pragma: no cover - depends on the installed JAX
+    _dce_jaxpr = None
+
 from .graph import (
     COND,
     COND_MERGE,
@@ -318,6 +323,17 @@ class _Flattener:
             env[outer] = tid
 
 
+def _without_dead_code(jaxpr: Any) -> Any:
+    """``jaxpr`` without the equations no result depends on (every argument kept), as XLA
+    drops them: differentiation traces primal values only a tangent reads, and a tangent
+    stopped by ``stop_gradient`` leaves them dead (a log-softmax's row-maximum mask, ``sign``
+    of an ``abs``). Planned, they were priced as compute and their reshards as collectives
+    the compiled program does not run."""
+    if _dce_jaxpr is None:
+        return jaxpr
+    return _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)[0]
+
+
 def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
     """Trace ``fn(*args)`` to a flat Program; also return the output treedef."""
     Signature.of(args)  # validates the static leaves
@@ -339,20 +355,21 @@ def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
             f"{type(err).__name__}: {err}. jaxpar plans functions that jax.jit can trace: "
             "no Python control flow on array values, no side effects on arrays."
         ) from err
+    jaxpr = _without_dead_code(closed.jaxpr)
     flat = _Flattener()
     env: dict = {}
-    for cv, c in zip(closed.jaxpr.constvars, closed.consts, strict=True):
+    for cv, c in zip(jaxpr.constvars, closed.consts, strict=True):
         tid = flat.new_tensor(cv.aval)
         flat.consts[tid] = c
         env[cv] = tid
     invars = []
-    for v in closed.jaxpr.invars:
+    for v in jaxpr.invars:
         tid = flat.new_tensor(v.aval)
         env[v] = tid
         invars.append(tid)
-    flat.walk(closed.jaxpr, env, "")
+    flat.walk(jaxpr, env, "")
     outvars, out_lits = [], []
-    for v in closed.jaxpr.outvars:
+    for v in jaxpr.outvars:
         tid, lit = flat.read(env, v)
         outvars.append(tid)
         out_lits.append(lit)

@@ -91,24 +91,31 @@ class RMSNorm(nn.Module):
 
 
 @functools.lru_cache(maxsize=16)
-def rope_tables(length: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(cos, sin)`` of shape ``[length, head_dim]`` for the rotate-half RoPE pairing.
+def rope_tables(
+    length: int, head_dim: int, theta: float, dtype: Any = np.float64
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(cos, sin)`` of shape ``[1, length, 1, head_dim]`` for the rotate-half RoPE pairing.
 
     Dimension ``i`` and ``i + head_dim / 2`` rotate together by ``pos * theta**(-2i/head_dim)``.
-    Computed in NumPy float64 at trace time, so the program holds them as constants (cached:
-    every layer of every trace asks for the same tables; treat them as read-only).
+    Computed in NumPy float64 at trace time and cast to ``dtype``, so the program holds them as
+    constants. Cached per dtype: every layer of every trace asks for the same tables, and
+    casting them anew per layer took a seventh of an unrolled llama3_70b trace (treat them as
+    read-only).
     """
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
-    angles = np.concatenate([angles, angles], axis=-1)
-    return np.cos(angles), np.sin(angles)
+    angles = np.concatenate([angles, angles], axis=-1)[None, :, None, :]
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 
 def apply_rope(x: jax.Array, theta: float) -> jax.Array:
     """Rotary position embedding of ``x: [batch, length, heads, head_dim]`` (float32 math)."""
     _, length, _, head_dim = x.shape
     acc = _accumulation_dtype(x.dtype)
-    cos, sin = (t[None, :, None, :].astype(acc) for t in rope_tables(length, head_dim, theta))
+    # a copy per layer: constants of its own, as when each layer computes them (one constant
+    # shared by every layer changes where the budget's search lands on llama3_70b over 1,024
+    # H100s: 3.16 s instead of 2.62 s per step; bench/README.md, issue 10)
+    cos, sin = (t.copy() for t in rope_tables(length, head_dim, theta, np.dtype(acc)))
     xf = x.astype(acc)
     half = head_dim // 2
     rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)

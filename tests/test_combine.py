@@ -63,11 +63,12 @@ def test_combining_merges_dependencies():
 @pytest.mark.parametrize("axes", [{"d": 8}, {"a": 2, "b": 4}, {"a": 2, "b": 2, "c": 2}])
 def test_predicted_counts_match_the_compiled_program(name, axes):
     """Per collective kind, the predicted count after combining is the compiled program's
-    (within 10 % or ±1), for the auto plan and data parallelism (whose gradient all-reduces
-    XLA merges: 28 become 1 in the GPT, 39 become 11 in the CNN)."""
+    (within 10 % or ±1), for the auto plan, data parallelism (whose gradient all-reduces
+    XLA merges: 28 become 1 in the GPT, 39 become 11 in the CNN) and the `model` hand plan
+    (its gathers of small tensors: no dead equations, no gathers of uniform tensors)."""
     ex = models.get(name, small=True)
     mesh = jaxpar.make_mesh(axes)
-    for strategy in ("auto", "data"):
+    for strategy in ("auto", "data", "model"):
         step = jaxpar.auto_shard(ex.step, mesh=mesh, strategy=strategy)
         compiled = step.lower(*ex.args).compile()
         check = fidelity(step.plan.collectives, compiled)
@@ -94,3 +95,38 @@ def test_combined_latency_is_paid_once_per_group():
     assert latency > 0
     assert plan.cost.step_s - plan.cost.combined_step_s == pytest.approx(27 * latency)
     assert "combined: 28 all-reduces run as 1" in plan.report()
+
+
+@pytest.mark.closed_form
+def test_uniform_tensors_are_gathered_for_free():
+    """A broadcast of a constant scalar, its views and elementwise functions of only such
+    tensors hold one value: XLA turns their all-gathers into broadcasts
+    (`buffers.uniform_tensors`), so a reshard path prices their all-to-alls only. Values
+    read from data, iotas and loop inputs are not uniform."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxpar.buffers import uniform_tensors
+    from jaxpar.reshard import ALL_GATHER, ALL_TO_ALL, priced_steps, reshard_path
+    from jaxpar.trace import trace
+
+    def f(x):
+        seed = (jnp.zeros_like(x) + 1.0) * 0.5  # uniform: a broadcast, then + and * of literals
+        ramp = jnp.arange(x.shape[0], dtype=x.dtype)[:, None] + seed  # an iota: not uniform
+        carry = jax.lax.fori_loop(0, 3, lambda i, c: c + x, jnp.ones_like(x))  # a loop input
+        return x * seed + ramp + carry
+
+    program, _ = trace(f, (jnp.ones((8, 4)),))
+    uniform = uniform_tensors(program)
+    by_op = {}
+    for e in program.eqns:
+        by_op.setdefault(e.primitive, []).extend(e.outputs)
+    assert by_op["mul"][0] in uniform  # the seed
+    assert not uniform & set(by_op["iota"]) and not uniform & set(program.invars)
+    entering = {t for e in program.regions[0].carry_eqns for t in program.eqns[e].inputs}
+    assert entering and not uniform & entering
+
+    path = reshard_path(1024, ((0,), (1,)), ((1,), ()), (2, 2))
+    assert [s.kind for s in path] == [ALL_GATHER, ALL_TO_ALL]
+    assert [s.kind for s in priced_steps(path, True)] == [ALL_TO_ALL]
+    assert [s.kind for s in priced_steps(path)] == [ALL_GATHER, ALL_TO_ALL]

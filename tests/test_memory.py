@@ -134,7 +134,9 @@ def test_recomputed_values_merge_with_the_forward_pass():
         return jax.checkpoint(block)(w, x)
 
     w, x = np.ones((4, 4), np.float32), np.ones((2, 4), np.float32)
-    program, _ = trace(jax.grad(loss), (w, x))
+    # value and gradient: under grad alone the forward pass is dead code (only the backward
+    # pass's recomputation is left, nothing to merge)
+    program, _ = trace(jax.value_and_grad(loss), (w, x))
     merged = cse_after_barriers(program)
     producer = {t: e for e in program.eqns for t in e.outputs}
     barriers = [e for e in program.eqns if e.primitive == "optimization_barrier"]

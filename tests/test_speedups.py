@@ -40,13 +40,17 @@ def _mesh4():
 
 
 @pytest.mark.closed_form
+@pytest.mark.parametrize("gathers_free", [False, True])
 @pytest.mark.parametrize("objective", ["time", "comm"])
-def test_walk_matches_reshard_path_exactly(objective):
+def test_walk_matches_reshard_path_exactly(objective, gathers_free):
     """`_walk_linear` (no Step objects) and `_walk_batch` (numpy, many pairs) give the very
-    floats of `_reshard_linear`, also for layouts not in mesh order and on size-1 axes."""
+    floats of `_reshard_linear`, also for layouts not in mesh order and on size-1 axes; with
+    ``gathers_free``, those of `uniform_reshard_linear` (a uniform tensor's all-to-alls)."""
     import numpy as np
 
-    from jaxpar.reshard import LinearTables, _walk_batch, _walk_linear
+    from jaxpar.reshard import LinearTables, _walk_batch, _walk_linear, uniform_reshard_linear
+
+    linear = uniform_reshard_linear if gathers_free else _reshard_linear
 
     rng = random.Random(1)
     for mesh in (
@@ -60,34 +64,35 @@ def test_walk_matches_reshard_path_exactly(objective):
                 _random_spec(rng, rank, len(mesh.sizes)),
                 _random_spec(rng, rank, len(mesh.sizes)),
             )
-            assert _walk_linear(src, dst, mesh.sizes, mesh, comm) == _reshard_linear.__wrapped__(
-                src, dst, mesh, objective
-            )
+            walked = _walk_linear(src, dst, mesh.sizes, mesh, comm, gathers_free)
+            assert walked == linear.__wrapped__(src, dst, mesh, objective)
         table = LinearTables(mesh, objective)
         for rank in (1, 3, 4):
             n = (rank + 1) ** len(mesh.sizes)
             s = np.array([rng.randrange(n) for _ in range(3000)])
             t = np.array([rng.randrange(n) for _ in range(3000)])
-            fixed, per_byte = _walk_batch(s, t, rank, mesh, comm, np.ones(len(s), dtype=np.int64))
+            ones = np.ones(len(s), dtype=np.int64)
+            fixed, per_byte = _walk_batch(s, t, rank, mesh, comm, ones, gathers_free)
             for i in range(len(s)):
                 a, b = table._layout(int(s[i]), rank), table._layout(int(t[i]), rank)
-                assert (fixed[i], per_byte[i]) == tuple(
-                    map(float, _reshard_linear(a, b, mesh, objective))
-                )
+                assert (fixed[i], per_byte[i]) == tuple(map(float, linear(a, b, mesh, objective)))
 
 
 @pytest.mark.closed_form
+@pytest.mark.parametrize("gathers_free", [False, True])
 @pytest.mark.parametrize("objective", ["time", "comm"])
-def test_dense_reshard_patterns_equal_pair_by_pair(objective):
+def test_dense_reshard_patterns_equal_pair_by_pair(objective, gathers_free):
     """`LinearTables.pattern` (dense per-rank tables; pairs reduced by `_canonical` and walked
-    in one batch) equals `reshard_linear` of every pair of a node's layouts, bit for bit."""
+    in one batch) equals `reshard_linear` of every pair of a node's layouts, bit for bit (with
+    ``gathers_free``: `uniform_reshard_linear`)."""
     import itertools
 
     from jaxpar.configs import spec_of
-    from jaxpar.reshard import WALK_BATCH, LinearTables
+    from jaxpar.reshard import WALK_BATCH, LinearTables, uniform_reshard_linear
 
+    linear = uniform_reshard_linear if gathers_free else reshard_linear
     mesh = _mesh4()
-    table = LinearTables(mesh, objective)
+    table = LinearTables(mesh, objective, gathers_free)
     cfgs = list(itertools.product(range(-1, 5), repeat=4))
     for src_map, dst_map in [
         ((0, 1, 2, 3), (1, 0, 3, None)),
@@ -101,7 +106,7 @@ def test_dense_reshard_patterns_equal_pair_by_pair(objective):
             for jj in range(0, len(dst), max(1, len(dst) // 40)):
                 b = dst[jj]
                 assert (fixed[i, jj], per_byte[i, jj]) == tuple(
-                    map(float, reshard_linear(a, b, mesh, objective))
+                    map(float, linear(a, b, mesh, objective))
                 )
 
 
