@@ -64,11 +64,12 @@ def test_combining_merges_dependencies():
 def test_predicted_counts_match_the_compiled_program(name, axes):
     """Per collective kind, the predicted count after combining is the compiled program's
     (within 10 % or ±1), for the auto plan, data parallelism (whose gradient all-reduces
-    XLA merges: 28 become 1 in the GPT, 39 become 11 in the CNN) and the `model` hand plan
-    (its gathers of small tensors: no dead equations, no gathers of uniform tensors)."""
+    XLA merges: 28 become 1 in the GPT, 39 become 11 in the CNN) and the `model` and `owt`
+    hand plans (their gathers of small tensors: no dead equations, no gathers of uniform
+    tensors)."""
     ex = models.get(name, small=True)
     mesh = jaxpar.make_mesh(axes)
-    for strategy in ("auto", "data", "model"):
+    for strategy in ("auto", "data", "model", "owt"):
         step = jaxpar.auto_shard(ex.step, mesh=mesh, strategy=strategy)
         compiled = step.lower(*ex.args).compile()
         check = fidelity(step.plan.collectives, compiled)
