@@ -165,12 +165,12 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     produced: set[tuple] = set()
     paths: list[list[tuple[tuple, float]]] = [[] for _ in tables.uses]  # per use, (key, s) a step
     configs = tables.configs
-    for u, use, nbytes, trips, feedback, name, flat in _priced_reads(ctx):
+    for u, use, nbytes, trips, feedback, name, gathers_free in _priced_reads(ctx):
         src = spec_of(use.src_map, configs[use.src][assignment[use.src]])
         dst = spec_of(use.dst_map, configs[use.dst][assignment[use.dst]])
         if src == dst:
             continue  # read as it is (most reads): no path
-        for step in priced_steps(reshard_path(nbytes, src, dst, mesh.sizes), flat):
+        for step in priced_steps(reshard_path(nbytes, src, dst, mesh.sizes), gathers_free):
             key = (use.tensor, use.context, step.before, step.after)
             paths[u].append((key, step_time(step, mesh) * trips))
             if key in produced:
@@ -207,8 +207,8 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
 def _priced_reads(ctx: EvalContext) -> list[tuple]:
     """The reads an evaluation prices, with what does not depend on the assignment: (use index,
     use, tensor bytes, trip count, whether it feeds the next step's state, tensor name, whether
-    the tensor is uniform: `tables.uniform`). Reads
-    of opaque, scalar or empty tensors move nothing. Kept in ``ctx.memo``."""
+    its gathers are free: `tables.uniform`). Reads of opaque, scalar or empty tensors move
+    nothing. Kept in ``ctx.memo``."""
     if "reads" not in ctx.memo:
         ng, out = ctx.ng, []
         for u, use in enumerate(ctx.tables.uses):
@@ -217,8 +217,8 @@ def _priced_reads(ctx: EvalContext) -> list[tuple]:
                 continue
             feedback = use.tensor in ctx.feedback and ng.nodes[use.dst].anchor < 0
             trips = ng.program.trips(use.context)
-            name, flat = _tensor_name(ng, use.tensor), uniform(ng.program, use.tensor)
-            out.append((u, use, tensor.nbytes, trips, feedback, name, flat))
+            name, gathers_free = _tensor_name(ng, use.tensor), uniform(ng.program, use.tensor)
+            out.append((u, use, tensor.nbytes, trips, feedback, name, gathers_free))
         ctx.memo["reads"] = out
     return ctx.memo["reads"]
 

@@ -130,7 +130,9 @@ def step_time(step: Step, mesh: MeshAxes) -> float:
 
 
 @functools.lru_cache(maxsize=1 << 21)
-def reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tuple[float, float]:
+def reshard_linear(
+    src: Spec, dst: Spec, mesh: MeshAxes, objective: str, gathers_free: bool = False
+) -> tuple[float, float]:
     """`_reshard_linear` of the layouts with the dims whole in both dropped: they change neither
     the path nor any buffer's size, and many layout pairs of different ranks then share one
     cache entry."""
@@ -138,37 +140,28 @@ def reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tupl
         kept = [d for d in range(len(src)) if src[d] or dst[d]]
         if len(kept) < len(src):
             src, dst = tuple(src[d] for d in kept), tuple(dst[d] for d in kept)
-    return _reshard_linear(src, dst, mesh, objective)
+    return _reshard_linear(src, dst, mesh, objective, gathers_free)
 
 
-def priced_steps(steps: Sequence[Step], uniform: bool = False) -> list[Step]:
-    """The steps of a path that move bytes: not its free slices, and for a ``uniform`` tensor
-    (`buffers.uniform_tensors`: one constant value in every element) not its all-gathers,
-    which XLA turns into broadcasts (its all-to-alls stay)."""
-    return [s for s in steps if s.kind != SLICE and not (uniform and s.kind == ALL_GATHER)]
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def uniform_reshard_linear(
-    src: Spec, dst: Spec, mesh: MeshAxes, objective: str
-) -> tuple[float, float]:
-    """`reshard_linear` of a uniform tensor: its all-gathers cost nothing."""
-    return _linear_sum(priced_steps(reshard_path(1, src, dst, mesh.sizes), True), mesh, objective)
+def priced_steps(steps: Sequence[Step], gathers_free: bool = False) -> list[Step]:
+    """The steps of a path that move bytes: not its free slices and, with ``gathers_free`` (a
+    uniform tensor, `buffers.uniform_tensors`: one constant in every element), not its
+    all-gathers, which XLA turns into broadcasts (its all-to-alls stay)."""
+    return [s for s in steps if s.kind != SLICE and not (gathers_free and s.kind == ALL_GATHER)]
 
 
 @functools.lru_cache(maxsize=1 << 21)
-def _reshard_linear(src: Spec, dst: Spec, mesh: MeshAxes, objective: str) -> tuple[float, float]:
+def _reshard_linear(
+    src: Spec, dst: Spec, mesh: MeshAxes, objective: str, gathers_free: bool = False
+) -> tuple[float, float]:
     """(fixed, per_byte): a reshard of a B-byte tensor costs fixed + B · per_byte.
 
-    The same sum as `step_time` over `reshard_path`, split into its α and β terms (every step's
-    bytes are proportional to B): under "time" fixed = Σ latency · ring_steps and per_byte =
-    Σ fraction / bandwidth; under "comm" only bytes count (fixed = 0, per_byte = Σ fraction).
+    The same sum as `step_time` over `reshard_path` (its `priced_steps`), split into its α and
+    β terms (every step's bytes are proportional to B): under "time" fixed = Σ latency ·
+    ring_steps and per_byte = Σ fraction / bandwidth; under "comm" only bytes count (fixed = 0,
+    per_byte = Σ fraction).
     """
-    return _linear_sum(priced_steps(reshard_path(1, src, dst, mesh.sizes)), mesh, objective)
-
-
-def _linear_sum(steps: Sequence[Step], mesh: MeshAxes, objective: str) -> tuple[float, float]:
-    """(fixed, per_byte) of ``steps`` (see `_reshard_linear`)."""
+    steps = priced_steps(reshard_path(1, src, dst, mesh.sizes), gathers_free)
     if objective == "comm":
         return 0.0, sum(s.nbytes for s in steps)
     fixed = sum(mesh.latency[s.axis] * ring_steps(s.kind, mesh.sizes[s.axis]) for s in steps)
@@ -192,8 +185,8 @@ def _walk_linear(
     """`_reshard_linear` of ``src`` -> ``dst`` without building the path's steps: the same walk
     as `reshard_path` (free slices first, then one axis leaves a dim: an all-to-all when the
     target wants it next on another dim, else an all-gather), summing each collective's α and β
-    terms in path order, so the floats are those of `_reshard_linear` (``gathers_free``: of
-    `uniform_reshard_linear`)."""
+    terms in path order, so the floats are those of `_reshard_linear` (``gathers_free``: of its
+    `priced_steps` with free gathers)."""
     cur = [list(x) for x in src]
     tgt = [list(x) for x in dst]
     n_dims = len(tgt)
@@ -436,8 +429,8 @@ class LinearTables:
     coded by the dim of each axis: code = Σ_a (dim(a) + 1) · (rank + 1)^a. Dims whole in every
     layout of a pattern are dropped first (they change neither the path nor any buffer, as in
     `reshard_linear`), so patterns of different ranks share entries. Entries are computed on
-    first use (`_walk_linear`, the same floats as `_reshard_linear`; with ``gathers_free``, as
-    `uniform_reshard_linear`).
+    first use (`_walk_linear`, the same floats as `_reshard_linear`; with ``gathers_free``, of a
+    uniform tensor's paths).
     """
 
     def __init__(self, mesh: MeshAxes, objective: str, gathers_free: bool = False):
@@ -555,5 +548,5 @@ class LinearTables:
 @functools.lru_cache(maxsize=8)
 def linear_tables(mesh: MeshAxes, objective: str, gathers_free: bool = False) -> LinearTables:
     """The `LinearTables` of a mesh (kept across planning runs, like `reshard_linear`'s cache);
-    ``gathers_free``: of `uniform_reshard_linear`, for uniform tensors."""
+    ``gathers_free``: the uniform tensors' tables."""
     return LinearTables(mesh, objective, gathers_free)

@@ -47,7 +47,6 @@ from .reshard import (
     priced_steps,
     reshard_linear,
     reshard_path,
-    uniform_reshard_linear,
 )
 from .rules import DimMap
 from .search import Problem
@@ -159,21 +158,23 @@ class ReshardTables:
         src_specs, si = self.layouts(use.src, use.src_map)
         dst_specs, di = self.layouts(use.dst, use.dst_map)
         trips = self.ng.program.trips(use.context)
-        flat = uniform(self.ng.program, use.tensor)
+        gathers_free = uniform(self.ng.program, use.tensor)
         read = (
             self.ids[(use.src, use.src_map)], self.ids[(use.dst, use.dst_map)], tensor.nbytes,
-            trips, flat,
+            trips, gathers_free,
         )  # fmt: skip
         if read in self.done:
             return self.done[read]
-        key = (tuple(src_specs), tuple(dst_specs), flat)
+        key = (tuple(src_specs), tuple(dst_specs), gathers_free)
         pair = self.tables.get(key)
         if pair is None:
             mesh, objective = self.params.mesh, self.params.objective
-            pair = linear_tables(mesh, objective, flat).pattern(src_specs, dst_specs)
+            pair = linear_tables(mesh, objective, gathers_free).pattern(src_specs, dst_specs)
             if pair is None:  # layouts without a dense table: pair by pair
-                linear = uniform_reshard_linear if flat else reshard_linear
-                lin = [[linear(a, b, mesh, objective) for b in dst_specs] for a in src_specs]
+                lin = [
+                    [reshard_linear(a, b, mesh, objective, gathers_free) for b in dst_specs]
+                    for a in src_specs
+                ]
                 pair = (
                     np.array([[x[0] for x in row] for row in lin]),
                     np.array([[x[1] for x in row] for row in lin]),
@@ -205,14 +206,14 @@ class SharedReshards:
 
     @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 - one cache per planning run
     def _step_parts(
-        self, src: Spec, dst: Spec, flat: bool
+        self, src: Spec, dst: Spec, gathers_free: bool
     ) -> dict[tuple[Spec, Spec], tuple[float, float]]:
         """(before, after) -> (fixed, per-byte) cost of each collective step of the path src ->
-        dst, the α and β terms of `reshard.step_time` (bytes only under "comm"); ``flat``: of a
-        uniform tensor, whose all-gathers are free (`reshard.priced_steps`)."""
+        dst, the α and β terms of `reshard.step_time` (bytes only under "comm");
+        ``gathers_free``: of a uniform tensor (`reshard.priced_steps`)."""
         mesh, comm = self.reshards.params.mesh, self.reshards.params.objective == "comm"
         out = {}
-        for step in priced_steps(reshard_path(1, src, dst, mesh.sizes), flat):
+        for step in priced_steps(reshard_path(1, src, dst, mesh.sizes), gathers_free):
             a = step.axis
             if comm:
                 out[(step.before, step.after)] = (0.0, step.nbytes)
@@ -221,20 +222,22 @@ class SharedReshards:
                 out[(step.before, step.after)] = (fixed, step.nbytes / mesh.bandwidth[a])
         return out
 
-    def _pattern(self, src_specs: list[Spec], dst_specs: list[list[Spec]], flat: bool):
+    def _pattern(self, src_specs: list[Spec], dst_specs: list[list[Spec]], gathers_free: bool):
         """(fixed, per_byte) arrays over (source layout, reader 1 layout, ...).
 
         Per source layout, each reader's path is a boolean mask over the distinct steps; the
         union over readers is the OR of the masks, broadcast over every layout combination.
         """
-        key = (tuple(src_specs), tuple(tuple(d) for d in dst_specs), flat)
+        key = (tuple(src_specs), tuple(tuple(d) for d in dst_specs), gathers_free)
         if key in self.patterns:
             return self.patterns[key]
         m = len(dst_specs)
         shape = (len(src_specs), *(len(d) for d in dst_specs))
         fixed, per_byte = np.zeros(shape), np.zeros(shape)
         for s, src in enumerate(src_specs):
-            paths = [[self._step_parts(src, dst, flat) for dst in specs] for specs in dst_specs]
+            paths = [
+                [self._step_parts(src, dst, gathers_free) for dst in specs] for specs in dst_specs
+            ]
             steps = {k: v for reader in paths for path in reader for k, v in path.items()}
             if not steps:
                 continue
@@ -265,8 +268,8 @@ class SharedReshards:
         if len(src_specs) * math.prod(len(d[0]) for d in dsts) > PATTERN_BUDGET:
             return None
         program = self.reshards.ng.program
-        flat = uniform(program, reads[0].tensor)
-        fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts], flat)
+        gathers_free = uniform(program, reads[0].tensor)
+        fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts], gathers_free)
         tensor = program.tensors[reads[0].tensor]
         small = (fixed + float(tensor.nbytes) * per_byte) * program.trips(reads[0].context)
         # index grids over the nodes' configurations, one axis per node

@@ -45,12 +45,10 @@ def _mesh4():
 def test_walk_matches_reshard_path_exactly(objective, gathers_free):
     """`_walk_linear` (no Step objects) and `_walk_batch` (numpy, many pairs) give the very
     floats of `_reshard_linear`, also for layouts not in mesh order and on size-1 axes; with
-    ``gathers_free``, those of `uniform_reshard_linear` (a uniform tensor's all-to-alls)."""
+    ``gathers_free``, those of a uniform tensor's paths (its all-to-alls only)."""
     import numpy as np
 
-    from jaxpar.reshard import LinearTables, _walk_batch, _walk_linear, uniform_reshard_linear
-
-    linear = uniform_reshard_linear if gathers_free else _reshard_linear
+    from jaxpar.reshard import LinearTables, _walk_batch, _walk_linear
 
     rng = random.Random(1)
     for mesh in (
@@ -65,7 +63,7 @@ def test_walk_matches_reshard_path_exactly(objective, gathers_free):
                 _random_spec(rng, rank, len(mesh.sizes)),
             )
             walked = _walk_linear(src, dst, mesh.sizes, mesh, comm, gathers_free)
-            assert walked == linear.__wrapped__(src, dst, mesh, objective)
+            assert walked == _reshard_linear.__wrapped__(src, dst, mesh, objective, gathers_free)
         table = LinearTables(mesh, objective)
         for rank in (1, 3, 4):
             n = (rank + 1) ** len(mesh.sizes)
@@ -75,7 +73,8 @@ def test_walk_matches_reshard_path_exactly(objective, gathers_free):
             fixed, per_byte = _walk_batch(s, t, rank, mesh, comm, ones, gathers_free)
             for i in range(len(s)):
                 a, b = table._layout(int(s[i]), rank), table._layout(int(t[i]), rank)
-                assert (fixed[i], per_byte[i]) == tuple(map(float, linear(a, b, mesh, objective)))
+                want = _reshard_linear(a, b, mesh, objective, gathers_free)
+                assert (fixed[i], per_byte[i]) == tuple(map(float, want))
 
 
 @pytest.mark.closed_form
@@ -83,14 +82,13 @@ def test_walk_matches_reshard_path_exactly(objective, gathers_free):
 @pytest.mark.parametrize("objective", ["time", "comm"])
 def test_dense_reshard_patterns_equal_pair_by_pair(objective, gathers_free):
     """`LinearTables.pattern` (dense per-rank tables; pairs reduced by `_canonical` and walked
-    in one batch) equals `reshard_linear` of every pair of a node's layouts, bit for bit (with
-    ``gathers_free``: `uniform_reshard_linear`)."""
+    in one batch) equals `reshard_linear` of every pair of a node's layouts, bit for bit (also
+    with ``gathers_free``)."""
     import itertools
 
     from jaxpar.configs import spec_of
-    from jaxpar.reshard import WALK_BATCH, LinearTables, uniform_reshard_linear
+    from jaxpar.reshard import WALK_BATCH, LinearTables
 
-    linear = uniform_reshard_linear if gathers_free else reshard_linear
     mesh = _mesh4()
     table = LinearTables(mesh, objective, gathers_free)
     cfgs = list(itertools.product(range(-1, 5), repeat=4))
@@ -106,7 +104,7 @@ def test_dense_reshard_patterns_equal_pair_by_pair(objective, gathers_free):
             for jj in range(0, len(dst), max(1, len(dst) // 40)):
                 b = dst[jj]
                 assert (fixed[i, jj], per_byte[i, jj]) == tuple(
-                    map(float, linear(a, b, mesh, objective))
+                    map(float, reshard_linear(a, b, mesh, objective, gathers_free))
                 )
 
 
