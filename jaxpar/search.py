@@ -382,6 +382,10 @@ def solve(
     if not starts:
         raise ValueError("solve needs at least one starting assignment when the graph is wide")
     blocks = [b for b in problem.blocks if b] or [list(range(problem.num_nodes))]
+    closures = _closures(problem, blocks)
+    # a block's solution depends only on the assignment of the block and its neighbours: the
+    # same inputs recur (starts that converge alike, a confirming round), so solve each once
+    solved: dict[tuple, tuple[int, ...]] = {}
     best_x, best_val = None, math.inf
     rounds_total = 0
     starts = sorted(starts, key=lambda a: evaluate(problem, a))[: budget.max_starts]
@@ -391,8 +395,16 @@ def solve(
         for _ in range(budget.max_rounds):
             rounds_total += 1
             improved = False
-            for block in blocks:
-                y, v, _ = _solve_block(problem, x, block, budget.block, budget.enum)
+            for block, closure in zip(blocks, closures, strict=True):
+                key = (id(block), tuple(x[i] for i in closure))
+                if key in solved:
+                    y = list(x)
+                    for i, c in zip(block, solved[key], strict=True):
+                        y[i] = c
+                    v = evaluate(problem, y)
+                else:
+                    y, v, _ = _solve_block(problem, x, block, budget.block, budget.enum)
+                    solved[key] = tuple(y[i] for i in block)
                 if v < val - 1e-12 * max(1.0, abs(val)):
                     x, val, improved = y, v, True
             if on_round is not None:
@@ -409,6 +421,15 @@ def solve(
         "time_s": time.perf_counter() - t0,
     }
     return Solution(best_x, best_val, False, stats)
+
+
+def _closures(problem: Problem, blocks: list[list[int]]) -> list[list[int]]:
+    """Each block with the nodes that share an edge or factor with it, in order."""
+    adjacent: list[set[int]] = [set() for _ in range(problem.num_nodes)]
+    for key in itertools.chain(problem.edges, problem.factors):
+        for v in key:
+            adjacent[v].update(key)
+    return [sorted(set(block).union(*(adjacent[v] for v in block))) for block in blocks]
 
 
 def brute_force(problem: Problem, chunk: int = 1 << 18) -> tuple[list[int], float]:
