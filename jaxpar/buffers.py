@@ -20,6 +20,9 @@ from .rules import ELEMENTWISE
 FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
 # layout changes XLA turns into bitcasts of their operand (or folds into the producer's layout)
 VIEWS = frozenset({"transpose", "reshape", "squeeze", "expand_dims"})
+# updates XLA runs in place: the result takes over the operand's buffer when nothing else reads
+# it (a cross-entropy gradient scattered into zeros)
+IN_PLACE = frozenset({"scatter", "scatter-add", "scatter-mul", "dynamic_update_slice"})
 # readers XLA fuses a broadcast or iota into (it recomputes the value inside each of them); a
 # reduction or dot (on XLA:CPU a library call) needs its operands stored
 FUSING_READERS = FUSIBLE | VIEWS | {"pad", "slice", "concatenate", "rev"}
@@ -190,14 +193,53 @@ def scheduled_updates(
     return position, group_of, fused_into
 
 
+def combined_all_reduces(
+    program, syncs: Mapping[int, int], limit: int, after: float
+) -> dict[int, float]:
+    """Where XLA:CPU's combiner runs each gradient all-reduce: tensor -> ``after`` past the
+    equation making the last of its group (that equation's operands are dead by then).
+    ``syncs``: reduced tensor -> the equation making its partial sum.
+
+    The combiner merges all-reduces that do not depend on each other: a group takes the syncs
+    in program order until one reads (through any chain) a reduced result of the group, as a
+    batch norm's input gradient reads its reduced statistics; that one starts the next group.
+    At most ``limit`` operands a group."""
+    if not syncs:
+        return {}
+    made_at: dict[int, list[int]] = {}
+    for t, i in syncs.items():
+        made_at.setdefault(i, []).append(t)
+    out: dict[int, float] = {}
+    group: list[int] = []
+    tainted: set[int] = set()  # tensors computed from the group's reduced results
+
+    def close() -> None:
+        out.update(dict.fromkeys(group, max(syncs[t] for t in group) + after))
+
+    for i in range(min(made_at), max(made_at) + 1):
+        e = program.eqns[i]
+        depends = any(t in tainted for t in e.inputs if t is not None)
+        if i in made_at:
+            if depends or len(group) + len(made_at[i]) > limit:
+                close()
+                group, tainted = [], set()
+            group.extend(made_at[i])
+            tainted.update(e.outputs)
+        elif depends:
+            tainted.update(e.outputs)
+    close()
+    return out
+
+
 def updates_after_sync(
     ng,
     producer: Mapping[int, int],
     position: Sequence[int],
     update_eqns: frozenset[int],
     fused_into: Mapping[int, Sequence[int]],
-    combine_at: Mapping[int, int],
-) -> dict[int, int]:
+    combine_at: Mapping[int, float],
+    ready_after: float = 0.0,
+) -> dict[int, float]:
     """Update equations `scheduled_updates` places too early for a plan whose gradient
     all-reduces XLA:CPU combines into one at the backward pass's end -> their position: an
     update that depends on a reduced gradient (``combine_at``: gradient -> where its combined
@@ -207,7 +249,9 @@ def updates_after_sync(
     if not combine_at or not update_eqns:
         return {}
     eqns = ng.program.eqns
-    synced = {ng.node_of_tensor[t]: at for t, at in combine_at.items()}  # node -> all-reduce
+    # node -> where its reduced results are ready: after the all-reduce, which runs between
+    # equations (``combine_at`` holds fractional positions)
+    synced = {ng.node_of_tensor[t]: at + ready_after for t, at in combine_at.items()}
     ready: dict[int, int] = {}  # tensor -> where it is ready, where later than made
     out: dict[int, int] = {}
     for i in range(min(producer[t] for t in combine_at), len(eqns)):
@@ -217,8 +261,7 @@ def updates_after_sync(
                 at = max(at, synced.get(ng.node_of_tensor.get(t), -1), ready.get(t, -1))
         if at > position[i]:
             ready.update(dict.fromkeys(eqns[i].outputs, at))
-            if i in update_eqns:
-                out[i] = max(at, i)
+            out[i] = max(at, i)
     for i in sorted(fused_into, reverse=True):
         if any(j in out for j in fused_into[i]):
             out[i] = min(out.get(j, position[j]) for j in fused_into[i])

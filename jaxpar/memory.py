@@ -22,7 +22,8 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   barrier and merges remat's recomputation with the forward pass (`buffers.cse_after_barriers`).
 - A buffer lives from the equation producing it to its last reader, in program order. A view
   (transpose, reshape) of a buffer whose only reader it is takes that buffer over (XLA makes it
-  a bitcast, or folds it into the producer's layout).
+  a bitcast, or folds it into the producer's layout), as does an in-place update (scatter,
+  dynamic_update_slice) of its operand.
 - Tensors computed from no data (iotas, broadcast literals, masks made of them) are recomputed
   inside each elementwise reader, as XLA fuses them; only non-fusing readers store them.
 - XLA:CPU (``cpu``) does not fuse across the forward/backward boundary: a forward elementwise
@@ -69,9 +70,11 @@ from .buffers import (
     FUSIBLE,
     FUSING_READERS,
     HALF_FLOATS,
+    IN_PLACE,
     UPCAST_READERS,
     VIEWS,
     Buffer,
+    combined_all_reduces,
     cse_after_barriers,
     generated_tensors,
     hosted_in_results,
@@ -87,6 +90,10 @@ from .reshard import SLICE, reshard_path
 from .tables import EdgeUse
 
 COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
+# Positions in the liveness walk: equation i at i, a combined all-reduce after it at
+# i + SYNC_AFTER, the equations reading its results (moved after it) at i + 2 * SYNC_AFTER
+STEPS = 3
+SYNC_AFTER = 1 / STEPS
 ARG_KINDS = ("params", "optimizer", "batch", "other")
 RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, fragmentation)
 # A plan fits a budget when its predicted peak is within (1 - margin) of it: the margin is kept
@@ -293,7 +300,7 @@ class MemoryModel:
         self.view_of: dict[int, int] = {}
         for e in program.eqns:
             src, out = (e.inputs[0] if e.inputs else None), e.outputs[0]
-            if e.primitive not in VIEWS or src is None or src in self.invar_set:
+            if e.primitive not in VIEWS | IN_PLACE or src is None or src in self.invar_set:
                 continue
             reads = self.reads.get(src, [])
             only = reads and all(u.order[0] == e.index for u in reads)
@@ -410,10 +417,20 @@ class MemoryModel:
             if t is not None:
                 out_specs[t] = spec[inp.feedback[t]] if t in inp.feedback else spec.get(t, ())
         syncs, sync_produced = self._sync_tensors(cfg)
-        combine_at = self._combine_points(syncs) if inp.combine_syncs else {}
+        combine_at = (
+            combined_all_reduces(program, syncs, COMBINE_COUNT, SYNC_AFTER)
+            if inp.combine_syncs
+            else {}
+        )
         scattered = set() if inp.combine_syncs else sync_produced
         delayed = updates_after_sync(
-            ng, self.producer_eqn, self.position, self.update_eqns, self.fused_into, combine_at
+            ng,
+            self.producer_eqn,
+            self.position,
+            self.update_eqns,
+            self.fused_into,
+            combine_at,
+            SYNC_AFTER,
         )
         buffers: list[Buffer] = []
 
@@ -446,24 +463,27 @@ class MemoryModel:
         ]  # fmt: skip
         outputs = sum(size for size, _ in results)
         hosted = hosted_in_results(buffers, results)
-        n = self.n_eqns + 2
+        # positions are equations' and the combined all-reduces' between them: a grid of
+        # STEPS points per equation
+        n = STEPS * (self.n_eqns + 2)
         delta = np.zeros(n)
         kinds = {FORWARD: np.zeros(n), BACKWARD: np.zeros(n), UPDATE: np.zeros(n)}
         for i, (size, born, dies, phase, t) in enumerate(buffers):
             if i in hosted:
                 continue
-            delta[born] += size
-            delta[dies + 1] -= size
+            b, d = round(STEPS * born), round(STEPS * dies) + 1
+            delta[b] += size
+            delta[d] -= size
             k = kinds.get(phase, kinds[UPDATE])
-            k[born] += size
-            k[dies + 1] -= size
+            k[b] += size
+            k[d] -= size
             if record is not None:
                 record.append((t, born, dies))
-        profile = np.cumsum(delta)[: self.n_eqns + 1]
+        profile = np.cumsum(delta)[: STEPS * (self.n_eqns + 1)]
         at = int(np.argmax(profile)) if len(profile) else 0
         live_at = {k: float(np.cumsum(v)[at]) for k, v in kinds.items()}
         peak_live = float(profile[at]) if len(profile) else 0.0
-        eq = min(at, self.n_eqns - 1)
+        eq = min(at // STEPS, self.n_eqns - 1)
         estimate = MemoryEstimate(
             params=args["params"], optimizer=args["optimizer"], batch=args["batch"],
             other_args=args["other"], outputs=outputs, activations=live_at[FORWARD],
@@ -473,7 +493,7 @@ class MemoryModel:
             peak_layer=self.label_of_eqn[eq] if self.n_eqns else "", budget=budget,
             margin=CPU_MODEL_MARGIN if self.cpu else MODEL_MARGIN,
         )  # fmt: skip
-        return estimate, at
+        return estimate, at / STEPS
 
     def _sync_tensors(self, cfg: Sequence[Config]) -> tuple[dict[int, int], set[int]]:
         """Of the gradient-sync nodes: their anchors' reduced results -> producing equation,
@@ -487,16 +507,6 @@ class MemoryModel:
                 )
                 produced.update(node.tensor_maps)
         return anchors, produced
-
-    def _combine_points(self, syncs: dict[int, int]) -> dict[int, int]:
-        """Gradient tensor -> equation where its combined all-reduce runs (the group's last)."""
-        order = sorted(syncs, key=syncs.get)
-        out = {}
-        for i in range(0, len(order), COMBINE_COUNT):
-            group = order[i : i + COMBINE_COUNT]
-            at = max(syncs[t] for t in group)
-            out.update(dict.fromkeys(group, at))
-        return out
 
     def _static(self, t: int, reads: Sequence[EdgeUse]) -> tuple | None:
         """What of ``t``'s buffers does not depend on the assignment (cached): None when it
@@ -524,8 +534,13 @@ class MemoryModel:
                 and not (t in self.generated and self._fuses(u))
                 and not self._fused_update(t, u)
             )
+            fused = tuple(  # computed inside the reader, unless it reads a resharded copy
+                (self.read_at[u], u.dst, u.dst_map, u.order[0])
+                for u in reads
+                if self._fused_update(t, u) and u.order[0] < self.end
+            )
             made_by = self.producer_eqn.get(t, -1) if born >= 0 else -1
-            out = (is_arg, born, phase, external, made_by)
+            out = (is_arg, born, phase, external, made_by, fused)
         self._statics[t] = out
         return out
 
@@ -566,13 +581,23 @@ class MemoryModel:
         static = self._static(t, reads)
         if static is None:
             return
-        is_arg, born, phase, external, made_by = static
+        is_arg, born, phase, external, made_by, fused = static
         born = delayed.get(made_by, born)
+        have = spec.get(t, ())
+        if t in self.generated:  # computed from no data: XLA makes it in its readers' layout
+            wants = {spec_of(dst_map, cfg[dst]) for _, dst, dst_map, *_ in external}
+            if len(wants) == 1:
+                have = wants.pop()
+        # an update of arguments alone (a decayed moment) read in another layout: XLA:CPU
+        # computes and reshards it at the step's start, as it gathers parameters
+        for at, dst, dst_map, eqn in fused:
+            want = spec_of(dst_map, cfg[dst])
+            if want != have and not self._slices_only(t, have, want):
+                live(self._bytes(t, want), -1, delayed.get(eqn, at), phase)
         if t in inherited:  # a view of a buffer that ends at the view: that buffer goes on
             born, synced_at = inherited.pop(t)
         else:
             synced_at = combine_at.get(t)
-        have = spec.get(t, ())
         copies: dict[tuple, list[tuple[int, bool, bool]]] = {}
         direct: list[tuple[int, bool, bool]] = []
         # a transposed copy for a convolution is made of a stored buffer: an argument, an
@@ -640,7 +665,7 @@ class MemoryModel:
         if t in self.from_params or self.inp.arg_kinds.get(t) == "params":
             return True
         return phase == FORWARD and all(
-            at >= self.end or self.phase_of_eqn[at] != FORWARD for at, *_ in reads
+            at >= self.end or self.phase_of_eqn[int(at)] != FORWARD for at, *_ in reads
         )
 
     def _half(self, t: int) -> bool:

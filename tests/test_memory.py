@@ -2,6 +2,7 @@
 
 import functools
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import jaxpar
 import models
 from jaxpar.buffers import (
     Buffer,
+    combined_all_reduces,
     cse_after_barriers,
     hosted_in_results,
     scheduled_updates,
@@ -29,20 +31,22 @@ MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b
 # The model is a liveness walk over the jaxpr with XLA's fusion approximated by planning nodes,
 # XLA:CPU's float32 dots, bitcast views, generated masks, eager reshards and weight casts,
 # merging of remat, which forward values the backward recomputes, the transposed copies
-# convolutions read, and updates run as their gradients exist modelled, and buffers placed in
-# the allocations of results not donated (docs/design.md, "Memory"). Measured on these 90
-# plans: predicted/compiled 0.89-1.10 for 76 of them; the rest keep bands of their own
-# (measured value in the comment), so that a regression still fails.
-FIDELITY_BAND = (0.89, 1.10)
+# convolutions read, updates run as their gradients exist, combined all-reduces run between
+# equations with their readers after them, decayed moments gathered at the step's start, and
+# buffers placed in the allocations of results not donated (docs/design.md, "Memory").
+# Measured on these 90 plans: predicted/compiled within 0.90-1.10 for 75 of them; the rest
+# keep bands of their own (measured value in the comment), so that a regression still fails.
+FIDELITY_BAND = (0.90, 1.10)
 KNOWN_MISSES = {  # (model, mesh, strategy, donated) -> band
     # XLA:CPU recomputes batch norm's x - mean at 2 images per device, keeps it at 16
     **{("cnn", m, "data", d): (0.89, 1.16) for m in MESHES for d in (True, False)},  # 1.13-1.15
-    # XLA:CPU keeps gathered kernels beside their copies (0.875 before transposed copies)
-    **{("cnn", m, "fsdp", False): (0.87, 1.10) for m in MESHES},  # 0.889
-    # a transposed gradient's buffer counted beside its all-reduced sum
-    **{("lenet5", m, "fsdp", True): (0.89, 1.12) for m in MESHES},  # 1.106-1.109
-    ("lenet5", "2x2x2", "auto", True): (0.89, 1.11),  # 1.1004
-    ("gpt_small", "2x2x2", "auto", True): (0.89, 1.12),  # 1.113
+    **{("cnn", m, "fsdp", True): (0.90, 1.11) for m in MESHES},  # 1.100-1.104
+    # XLA places two reduced gradients on the heap that the model hosts in results
+    **{("mlp", m, "data", False): (0.89, 1.10) for m in MESHES},  # 0.897
+    ("lenet5", "2x2x2", "auto", True): (0.90, 1.11),  # 1.1004
+    ("gpt_small", "2x2x2", "auto", True): (0.90, 1.12),  # 1.113
+    # XLA:CPU materializes layer-norm scales broadcast for its reduce fusions (ynn)
+    ("gpt_small", "8", "auto", True): (0.88, 1.10),  # 0.893
 }
 
 
@@ -286,6 +290,61 @@ def test_buffers_live_in_the_allocations_of_results_until_they_are_written():
     assert hosted_in_results(same, [(50.0, 10)]) == {0, 1}
     other = [Buffer(50.0, 0, 4, "backward", 7), Buffer(50.0, 4, 9, "backward", 8)]
     assert hosted_in_results(other, [(50.0, 10)]) == {0}
+
+
+@pytest.mark.closed_form
+def test_combined_all_reduces_never_merge_dependent_syncs():
+    """`buffers.combined_all_reduces`: a group of independent all-reduces runs after the
+    equation making its last partial sum; a sync computed from a reduced result of the group
+    (through any chain) starts the next group, and so does the operand limit."""
+    eqn = types.SimpleNamespace
+    # tensors: partial sums 10, 11 (eqns 0, 1); 12 reads reduced 10; 13 (a sync) reads 12;
+    # 14 (a sync) reads only an argument
+    program = eqn(
+        eqns=[
+            eqn(inputs=[1], outputs=[10]),
+            eqn(inputs=[2], outputs=[11]),
+            eqn(inputs=[10], outputs=[12]),
+            eqn(inputs=[12, None], outputs=[13]),
+            eqn(inputs=[3], outputs=[14]),
+        ]
+    )
+    syncs = {10: 0, 11: 1, 13: 3, 14: 4}
+    after = 1 / 3
+    assert combined_all_reduces(program, syncs, 256, after) == {
+        10: 1 + after, 11: 1 + after, 13: 4 + after, 14: 4 + after
+    }  # fmt: skip
+    assert combined_all_reduces(program, syncs, 1, after) == {
+        t: i + after for t, i in syncs.items()
+    }
+    assert combined_all_reduces(program, {}, 256, after) == {}
+
+
+@pytest.mark.closed_form
+def test_scatter_into_zeros_runs_in_place():
+    """A cross-entropy's gradient is a scatter-add into zeros: XLA makes the zeros in the
+    scatter's layout (they are computed from no data) and scatters in place, so the model
+    counts one buffer for the two (at llama3_70b's width with remat, counting both put the
+    prediction at 1.29x the compiled peak: bench/memory_fullwidth.py)."""
+
+    def loss(w, x, labels):
+        logp = jax.nn.log_softmax(x @ w)
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+    def step(w, x, labels):
+        return w - 0.1 * jax.grad(loss)(w, x, labels)
+
+    w = np.zeros((16, 512), np.float32)
+    x, labels = np.ones((64, 16), np.float32), np.arange(64, dtype=np.int32)
+    sharded = jaxpar.auto_shard(step, mesh=jaxpar.make_mesh({"data": 8}), strategy="data")
+    sharded.lower(w, x, labels)
+    model, program = sharded.plan.memory_model, sharded.plan.program
+    scatters = [e for e in program.eqns if e.primitive == "scatter-add"]
+    assert scatters
+    for e in scatters:
+        zeros = e.inputs[0]
+        assert program.eqns[model.producer_eqn[zeros]].primitive == "broadcast_in_dim"
+        assert zeros in model.generated and model.view_of.get(zeros) == e.outputs[0]
 
 
 @pytest.mark.numerics
