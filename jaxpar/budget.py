@@ -160,6 +160,7 @@ def fit_budget(
     search_budget = dataclasses.replace(options.budget, max_starts=1, max_rounds=3)
     solves = 0
     last: list[tuple[int, ...]] = []  # the latest solution (a warm start for the next)
+    solved: dict[tuple, dict] = {}  # (λ, priced tensors) -> block solutions of that problem
 
     def solve_at(lam: float, search_budget=search_budget, more=()) -> tuple[int, ...]:
         nonlocal solves
@@ -176,7 +177,8 @@ def fit_budget(
         starts = [a for a in (seen.best_fit(), *last, free, *more) if a is not None]
         if tying is not None:
             starts = [tying.restrict(a) for a in starts]
-        sol = solve(problem, starts=starts, budget=search_budget)
+        memo = solved.setdefault((lam, proxy.extra), {})
+        sol = solve(problem, starts=starts, budget=search_budget, solved=memo)
         found = seen.add(tying.expand(sol.assignment) if tying is not None else sol.assignment, lam)
         last[:] = [found]
         estimate = seen.estimate(found)

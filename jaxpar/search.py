@@ -357,11 +357,13 @@ def solve(
     starts: Sequence[Sequence[int]] = (),
     budget: SearchBudget | None = None,
     on_round: Callable[[int, int, int, float], None] | None = None,
+    solved: dict | None = None,
 ) -> Solution:
     """Exact when the graph eliminates within budget; else block coordinate descent.
 
     ``on_round(start, starts, round, objective)``, if given, is called when each descent round
-    ends (progress reports).
+    ends (progress reports). ``solved``, if given, keeps the block solutions for later calls on
+    a problem with the same tables and blocks (the memory budget solves a λ twice).
     Descent runs from the ``budget.max_starts`` best starting assignments: on the zoo's wide
     steps (Inception-v3, ResNet-50, GPT-2 on 4×4) the worse starts never ended best, and they
     cost half the search time (bench/search_time.py). Three, not two: on scanned llama3_70b over
@@ -385,7 +387,7 @@ def solve(
     closures = _closures(problem, blocks)
     # a block's solution depends only on the assignment of the block and its neighbours: the
     # same inputs recur (starts that converge alike, a confirming round), so solve each once
-    solved: dict[tuple, tuple[int, ...]] = {}
+    solved = {} if solved is None else solved
     best_x, best_val = None, math.inf
     rounds_total = 0
     starts = sorted(starts, key=lambda a: evaluate(problem, a))[: budget.max_starts]
@@ -395,8 +397,8 @@ def solve(
         for _ in range(budget.max_rounds):
             rounds_total += 1
             improved = False
-            for block, closure in zip(blocks, closures, strict=True):
-                key = (id(block), tuple(x[i] for i in closure))
+            for b, (block, closure) in enumerate(zip(blocks, closures, strict=True)):
+                key = (b, tuple(x[i] for i in closure))
                 if key in solved:
                     y = list(x)
                     for i, c in zip(block, solved[key], strict=True):

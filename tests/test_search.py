@@ -113,6 +113,13 @@ def test_descent_reuses_block_solutions_without_changing_them(seed):
     x, val = _descent_without_reuse(p, [*starts, starts[0]], budget)
     assert sol.assignment == x
     assert sol.objective == pytest.approx(val, rel=1e-12)
+    solved = {}  # kept across calls on one problem: the second call reuses the first's
+    for _ in range(2):
+        again = solve(p, starts=starts[1:], budget=budget, solved=solved)
+        x, val = _descent_without_reuse(p, starts[1:], budget)
+        assert again.assignment == x
+        assert again.objective == pytest.approx(val, rel=1e-12)
+    assert solved
 
 
 @pytest.mark.parametrize("seed", range(6))
