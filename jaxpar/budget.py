@@ -7,7 +7,7 @@ pricing memory into it (docs/design.md, "Memory budget"):
    budget less its margin, `memory.MODEL_MARGIN` or on CPU meshes `memory.CPU_MODEL_MARGIN`,
    kept for the model's error), it stands, certificate and all.
 2. Otherwise solve the Lagrangian problem ``time + λ · bytes`` on the same tables. ``bytes``
-   is a linear proxy added to every node's unary table: `MemoryModel.node_bytes` (arguments,
+   is a linear proxy added to every node's unary table: `held.HeldBytes.node_bytes` (arguments,
    buffers read in a later phase or through a loop) plus the tensors live at the peak of the
    searched plan and of every over-budget solution (constraint generation: a peak the proxy
    missed is priced from then on, and the same λ is retried when that makes the proxy see the
@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 from .choose import Choice
 from .evaluate import EvalContext, Evaluation, evaluate
+from .held import HeldBytes
 from .memory import MemoryBudgetError, MemoryEstimate, MemoryModel, gb
 from .options import PlannerOptions
 from .search import Problem, solve
@@ -64,12 +65,12 @@ class BudgetFit:
 
 
 class _Proxy:
-    """The per-node bytes priced by λ: `MemoryModel.node_bytes`, plus the tensors live at the
+    """The per-node bytes priced by λ: `HeldBytes.node_bytes`, plus the tensors live at the
     peaks seen so far (constraint generation: a peak the proxy missed is priced next time)."""
 
     def __init__(self, model: MemoryModel, n: int):
-        self.model, self.extra = model, frozenset()
-        self.nodes = [model.node_bytes(v) for v in range(n)]
+        self.model, self.held, self.extra = model, HeldBytes(model), frozenset()
+        self.nodes = [self.held.node_bytes(v) for v in range(n)]
 
     def total(self, a) -> float:
         return sum(float(b[x]) for b, x in zip(self.nodes, a, strict=True))
@@ -87,7 +88,7 @@ class _Proxy:
         }
         changed = False
         for v in owners:
-            b = self.model.node_bytes(v, self.extra)
+            b = self.held.node_bytes(v, self.extra)
             changed = changed or not (b == self.nodes[v]).all()
             self.nodes[v] = b
         return changed

@@ -51,7 +51,7 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   (`hosted_in_results`).
 
 `MemoryModel` precomputes what does not depend on the assignment, so the budget search can price
-many assignments. The Lagrangian proxy (`MemoryModel.node_bytes`) is linear in the node
+many assignments. The Lagrangian proxy (`held.HeldBytes.node_bytes`) is linear in the node
 configurations: argument bytes plus the buffers that cross the forward→backward boundary, hold
 gradients or live through a loop, and any tensors the budget search adds (those live at the
 peaks it saw: `estimate_with_peak`). A plan fits a budget when its predicted peak is at most the
@@ -83,8 +83,8 @@ from .buffers import (
     transposed_operands,
     updates_after_sync,
 )  # fmt: skip
-from .configs import Config, dim_degrees, shard_count, spec_of
-from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE, phase_of
+from .configs import Config, shard_count, spec_of
+from .graph import BACKWARD, FORWARD, UPDATE, phase_of
 from .nodes import NodeGraph
 from .reshard import SLICE, reshard_path
 from .tables import EdgeUse
@@ -277,8 +277,6 @@ class MemoryModel:
             | {u.tensor for u in kept if self.read_at[u] > u.order[0]}
             | {t for t in self.reads_twin if self._phase_of(t) == FORWARD}
         )
-        self._node_bytes: dict[int, np.ndarray] = {}
-        self._degrees: dict[int, np.ndarray] = {}
         self._statics: dict[int, tuple | None] = {}
         self._nbytes: dict[int, int] = {}
         self.invar_set = set(program.invars)
@@ -699,73 +697,6 @@ class MemoryModel:
         nbytes = self.inp.ng.program.tensors[t].nbytes
         path = reshard_path(nbytes, have, want, self.inp.sizes)
         return all(step.kind == SLICE for step in path)
-
-    def held_bytes(self, assignment: Sequence[int]) -> list[float]:
-        """Per node, `node_bytes` of its configuration in ``assignment``."""
-        return [float(self.node_bytes(v)[a]) for v, a in enumerate(assignment)]
-
-    def node_bytes(self, node: int, extra: frozenset[int] = frozenset()) -> np.ndarray:
-        """The Lagrangian proxy, per configuration of ``node``: the bytes it holds for long.
-
-        An input node: its argument's shard (not the batch: every plan splits it alike). Any
-        other node: its buffers read in a later phase (activations saved for the backward pass,
-        gradients read by the update) or inside a loop from outside it, each over the shard
-        count of its layout, and its tensors in ``extra`` (the budget search adds the buffers
-        live at the peaks it has seen: `peak_tensors`). A scan's slice node also holds the
-        stacked xs in the layout it reads them: resharded before the loop (a whole stack
-        gathered at once, FSDP undone), that copy lives through every iteration.
-        """
-        if node not in self._node_bytes:
-            self._node_bytes[node] = self._base_bytes(node)
-        out = self._node_bytes[node]
-        more = [t for t in self.inp.ng.nodes[node].tensor_maps if t in extra]
-        for t in more:
-            if not self._counted(node, t):
-                out = out + self.tensor_bytes(node, t)
-        return out
-
-    def _counted(self, node: int, t: int) -> bool:
-        """Whether ``t`` (a tensor of ``node``) is in its base proxy."""
-        if self.inp.ng.nodes[node].anchor < 0:
-            return self.inp.arg_kinds.get(t, "other") != "batch"
-        return t in self.long_lived
-
-    def tensor_bytes(self, node: int, t: int) -> np.ndarray:
-        """Per configuration of ``node``, the per-device bytes of its tensor ``t``."""
-        inp = self.inp
-        nd = inp.ng.nodes[node]
-        mp = nd.tensor_maps.get(t)
-        tensor = inp.ng.program.tensors[t]
-        if tensor.opaque or not tensor.nbytes or mp is None:
-            return np.zeros(len(inp.configs[node]))
-        return tensor.nbytes / self._shards(node, mp)
-
-    def _shards(self, node: int, mp) -> np.ndarray:
-        """Per configuration of ``node``, the shard count of a tensor mapped by ``mp``."""
-        cfgs = self.inp.configs[node]
-        if node not in self._degrees:
-            space = self.inp.ng.nodes[node].space
-            self._degrees[node] = dim_degrees(cfgs, len(space.sizes), self.inp.sizes)
-        D = self._degrees[node]
-        shards = np.ones(len(cfgs))
-        for m in mp:
-            if m is not None:
-                shards = shards * D[:, m]
-        return shards
-
-    def _base_bytes(self, node: int) -> np.ndarray:
-        inp = self.inp
-        nd = inp.ng.nodes[node]
-        out = np.zeros(len(inp.configs[node]))
-        for t in nd.tensor_maps:
-            if self._counted(node, t):
-                out += self.tensor_bytes(node, t)
-        if nd.anchor >= 0 and inp.ng.program.eqns[nd.anchor].primitive == SCAN_SLICE:
-            stacked = inp.ng.program.eqns[nd.anchor].inputs[0]
-            mp = nd.members[0].in_maps[0]
-            if stacked is not None and mp is not None:
-                out += inp.ng.program.tensors[stacked].nbytes / self._shards(node, mp)
-        return out
 
 
 def long_lived_tensors(ng: NodeGraph, uses: Sequence[EdgeUse]) -> frozenset[int]:

@@ -15,6 +15,7 @@ from .configs import CONTRACTIONS, Config, split_axes
 from .cost import node_dtype
 from .graph import BACKWARD, FORWARD, UPDATE
 from .hardware.mesh_model import cost_sources
+from .held import HeldBytes
 
 if TYPE_CHECKING:
     from .evaluate import PlanCost
@@ -35,12 +36,12 @@ def layer_name(plan: Plan, node_index: int) -> str:
 
 def layer_rows(plan: Plan) -> list[dict]:
     """Per layer (program order): summed t_C / t_X / t_S / bytes, the bytes per device it holds
-    for long (``held``: state shards, saved activations, gradients; `MemoryModel.held_bytes`),
+    for long (``held``: state shards, saved activations, gradients; `HeldBytes.per_node`),
     and the configuration and layout of its representative node (its heaviest forward
     contraction)."""
     rows: dict[str, dict] = {}
     first: dict[str, int] = {}  # a layer sits where its first computation does
-    held = plan.memory_model.held_bytes(plan.assignment)
+    held = HeldBytes(plan.memory_model).per_node(plan.assignment)
     for node, r in zip(plan.ng.nodes, plan.evaluation.node_rows, strict=True):
         key = layer_name(plan, node.index)
         row = rows.setdefault(

@@ -75,7 +75,7 @@ def test_reshape_maps_major_dims():
 PURE_CORE = (
     "graph", "opspace", "rules", "rules_indexing", "rules_loops", "nodes", "labels", "configs",
     "collectives", "reshard", "kernels", "cost", "tables", "blocks", "combine", "overlap",
-    "search", "kcut", "baselines", "evaluate", "buffers", "memory", "budget", "verify",
+    "search", "kcut", "baselines", "evaluate", "buffers", "memory", "held", "budget", "verify",
     "hlo_text", "hardware", "hardware.devices",
     "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
     "hardware.speeds", "hardware.calibration",
