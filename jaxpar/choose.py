@@ -23,7 +23,7 @@ from .baselines import BASELINES, baseline_assignment, hypar_space
 from .blocks import MIN_TIED_NODES, Tying, find_repeats
 from .configs import node_configs
 from .evaluate import EvalContext, Evaluation, evaluate
-from .kcut import cut_order, kcut, project, restrict
+from .kcut import cut_order, kcut, project, recut, restrict
 from .options import PlannerOptions
 from .search import Problem, eliminates, solve, solve_exact
 from .tables import (
@@ -35,6 +35,9 @@ from .tables import (
 )  # fmt: skip
 
 Tick = Callable[[str], None]
+# after block descent: at most this many alternations of re-cutting the mesh axes (`kcut.recut`)
+# and descent again
+RECUT_ROUNDS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,9 +201,28 @@ def _run_elimination(
         unit = f"{value / 1e6:.3f} MB" if options.objective == "comm" else f"{value * 1e3:.4f} ms"
         tick(f"descent from start {start}/{starts}, round {rounds}: {unit}")
 
-    sol = solve(narrow(tables.problem), starts=starts, budget=budget, on_round=on_round)
+    problem = narrow(tables.problem)
+    sol = solve(problem, starts=starts, budget=budget, on_round=on_round)
     found, lower, stats = [sol.assignment], None, dict(sol.stats)
     stats["objective"] = sol.objective
+    if not sol.optimal:  # descent: alternate with re-cutting one mesh axis at a time
+        configs = list(tables.configs)
+        if space is not None:
+            configs = [[configs[v][i] for i in space[v]] for v in range(len(space))]
+        elif tying is not None:
+            configs = [configs[c[0]] for c in tying.classes]
+        x, value = sol.assignment, sol.objective
+        for _ in range(RECUT_ROUNDS):
+            y, cut_value = recut(problem, configs, x, budget)
+            if not cut_value < value - 1e-12 * max(1.0, abs(value)):
+                break
+            again = solve(problem, starts=[y], budget=budget)  # never worse than its start
+            x, value = again.assignment, again.objective
+            if list(x) == list(y):
+                break  # descent kept the re-cut plan: re-cutting it again changes nothing
+        if x is not sol.assignment:
+            found.append(x)
+        stats["recut_objective"] = value
     if ctx.params.objective == "overlap":  # one more candidate: gradient syncs combined
         combined = combined_sync_problem(ctx.ng, tables, ctx.params, ctx.batch, ctx.combiner)
         alt = solve(narrow(combined), starts=[*starts, sol.assignment], budget=budget)

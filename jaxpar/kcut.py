@@ -36,6 +36,9 @@ What differs from the paper:
   is a heuristic. Its result is certified only when its reported cost reaches the exact lower
   bound that elimination computes (`choose`).
 
+`recut` re-makes one cut at a time with the other axes held, from a full assignment: the
+planner alternates it with block descent (`choose._run_elimination`).
+
 Pure: numpy only.
 """
 
@@ -179,6 +182,53 @@ def kcut(
             )
         )
     return KCutResult(assignment, evaluate(problem, assignment), cuts)
+
+
+def recut(
+    problem: Problem,
+    configs: Sequence[Sequence[Config]],
+    start: Sequence[int],
+    budget: SearchBudget | None = None,
+    max_rounds: int = 8,
+) -> tuple[list[int], float]:
+    """Re-make one cut at a time with the others held: descent over mesh axes.
+
+    For each mesh axis in turn, every node may change the iteration dim that axis splits (or
+    leave it unused) while its other axes keep their dims in ``start``: the problem restricted
+    to those configurations has a few choices per node and is solved exactly (block descent from
+    the current assignment when too wide). Rounds over the axes repeat until none improves (at
+    most ``max_rounds``). Block descent changes every axis of a few nodes; this changes one axis
+    of every node, so each escapes the other's local minima. Never worse than ``start``.
+    """
+    budget = budget or SearchBudget()
+    n = problem.num_nodes
+    k = len(configs[0][0]) if configs and configs[0] else 0
+    arrs = [np.asarray(c, dtype=np.int64).reshape(len(c), k) for c in configs]
+    x, val = [int(a) for a in start], evaluate(problem, start)
+    settled: set[int] = set()  # axes solved since the assignment last changed
+    for _ in range(max_rounds):
+        for axis in range(k):
+            if axis in settled:
+                continue
+            others = [a for a in range(k) if a != axis]
+            keep = [
+                np.flatnonzero(np.all(arrs[v][:, others] == arrs[v][x[v], others], axis=1))
+                for v in range(n)
+            ]
+            sub = restrict(problem, keep)
+            if eliminates(sub, budget.table, budget.enum)[0]:
+                local = solve_exact(sub, None, budget.table, budget.enum)[0]
+            else:
+                here = [int(np.flatnonzero(keep[v] == x[v])[0]) for v in range(n)]
+                local = solve(sub, [here], budget).assignment
+            y = [int(keep[v][local[v]]) for v in range(n)]
+            value = evaluate(problem, y)
+            if value < val - 1e-12 * max(1.0, abs(val)):
+                x, val, settled = y, value, set()
+            settled.add(axis)
+        if len(settled) == k:
+            break
+    return x, val
 
 
 def _nearest(

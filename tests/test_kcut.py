@@ -11,7 +11,7 @@ from test_search import GRAPHS
 
 import jaxpar
 import models
-from jaxpar.kcut import cut_order, kcut, project, restrict
+from jaxpar.kcut import cut_order, kcut, project, recut, restrict
 from jaxpar.search import Problem, brute_force, evaluate, solve_exact
 
 
@@ -44,6 +44,29 @@ def test_kcut_vs_brute_force_random(name, seed):
     assert res.exact_cuts
     # the first cut left the later axis unused: its objective is that of such an assignment
     assert all(c.objective >= best - 1e-12 for c in res.cuts)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("seed", range(4))
+def test_recut_ends_where_no_single_axis_change_improves(seed):
+    """`kcut.recut`: never worse than its start, and at its result no change of one mesh axis's
+    dims (over every node at once, the others held) improves: checked by enumerating each
+    axis's whole neighbourhood."""
+    rng = np.random.default_rng(seed)
+    n, edges = GRAPHS["ladder"]
+    p, configs = config_problem(rng, n, edges, dims=2, axes=2)
+    start = [int(rng.integers(len(c))) for c in configs]
+    x, value = recut(p, configs, start)
+    assert value <= evaluate(p, start) + 1e-12
+    assert value == pytest.approx(evaluate(p, x), rel=1e-12)
+    for axis in range(2):
+        other = 1 - axis
+        choices = [
+            [i for i, c in enumerate(cfgs) if c[other] == cfgs[x[v]][other]]
+            for v, cfgs in enumerate(configs)
+        ]
+        best = min(evaluate(p, list(a)) for a in itertools.product(*choices))
+        assert value <= best + 1e-12
 
 
 @pytest.mark.oracle
