@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 
 from .baselines import BASELINES, baseline_assignment, hypar_space
 from .blocks import MIN_TIED_NODES, Tying, find_repeats
-from .configs import node_configs
+from .configs import Config, node_configs
 from .evaluate import EvalContext, Evaluation, evaluate
-from .kcut import cut_order, kcut, project, recut, restrict
+from .kcut import cut_order, kcut, project, recut_and_descend, restrict
 from .options import PlannerOptions
 from .search import Problem, eliminates, solve, solve_exact
 from .tables import (
@@ -206,21 +206,11 @@ def _run_elimination(
     found, lower, stats = [sol.assignment], None, dict(sol.stats)
     stats["objective"] = sol.objective
     if not sol.optimal:  # descent: alternate with re-cutting one mesh axis at a time
-        configs = list(tables.configs)
-        if space is not None:
-            configs = [[configs[v][i] for i in space[v]] for v in range(len(space))]
-        elif tying is not None:
-            configs = [configs[c[0]] for c in tying.classes]
-        x, value = sol.assignment, sol.objective
-        for _ in range(RECUT_ROUNDS):
-            y, cut_value = recut(problem, configs, x, budget)
-            if not cut_value < value - 1e-12 * max(1.0, abs(value)):
-                break
-            again = solve(problem, starts=[y], budget=budget)  # never worse than its start
-            x, value = again.assignment, again.objective
-            if list(x) == list(y):
-                break  # descent kept the re-cut plan: re-cutting it again changes nothing
-        if x is not sol.assignment:
+        x, value = recut_and_descend(
+            problem, narrow_configs(tables.configs, space, tying), sol.assignment, budget,
+            RECUT_ROUNDS,
+        )  # fmt: skip
+        if x != list(sol.assignment):
             found.append(x)
         stats["recut_objective"] = value
     if ctx.params.objective == "overlap":  # one more candidate: gradient syncs combined
@@ -247,6 +237,18 @@ def _run_elimination(
     elif tying is not None:
         found = [tying.expand(a) for a in found]
     return found, sol.optimal, lower, stats
+
+
+def narrow_configs(
+    configs: Sequence[Sequence[Config]], space: list[list[int]] | None, tying: Tying | None
+) -> list[Sequence[Config]]:
+    """The configurations of each variable of the searched problem: HyPar's ``space`` of each
+    node, or a tied class's representative's."""
+    if space is not None:
+        return [[configs[v][i] for i in space[v]] for v in range(len(space))]
+    if tying is not None:
+        return [configs[c[0]] for c in tying.classes]
+    return list(configs)
 
 
 def _run_kcut(

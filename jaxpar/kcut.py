@@ -231,6 +231,29 @@ def recut(
     return x, val
 
 
+def recut_and_descend(
+    problem: Problem,
+    configs: Sequence[Sequence[Config]],
+    start: Sequence[int],
+    budget: SearchBudget | None = None,
+    rounds: int = 4,
+    solved: dict | None = None,
+) -> tuple[list[int], float]:
+    """`recut`, then block descent from its result (`search.solve`), alternating until descent
+    keeps the re-cut plan or nothing improves (at most ``rounds`` times). ``solved``: block
+    solutions to reuse (`search.solve`). Never worse than ``start``."""
+    x, value = list(start), evaluate(problem, start)
+    for _ in range(rounds):
+        y, cut_value = recut(problem, configs, x, budget)
+        if not cut_value < value - 1e-12 * max(1.0, abs(value)):
+            break
+        again = solve(problem, starts=[y], budget=budget, solved=solved)  # no worse than y
+        x, value = list(again.assignment), again.objective
+        if x == y:
+            break  # descent kept the re-cut plan: re-cutting it again changes nothing
+    return x, value
+
+
 def _nearest(
     start: Sequence[int], keep: Sequence[np.ndarray], arrs: Sequence[np.ndarray], axis: int
 ) -> list[int]:
