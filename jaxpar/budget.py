@@ -20,8 +20,9 @@ pricing memory into it (docs/design.md, "Memory budget"):
    one start and at most 3 rounds; then one more solve at the smallest λ that fit, with the
    search's own rounds from the two best of those starts and from every hand plan that fits
    (llama3_70b unrolled over 1,024 H100s: 2.61 s per step at 18 GB, where the two starts
-   alone end at 3.16 s and 25 GB), alternated with re-cutting the mesh axes
-   (`kcut.recut_and_descend`: the same plan 2.43 s at 20 GB).
+   alone end at 3.16 s and 25 GB). It does not re-cut the mesh axes (`kcut.recut_and_descend`):
+   that gives this case 2.43 s at 20 GB, but puts scanned llama3_70b over 64 H100s at 2.2x the
+   planning time without the budget (docs/design.md).
 3. Every plan seen — the solutions along λ and the hand plans (`baselines`), with the
    evaluations `choose` already made — is priced exactly (time by `evaluate`, memory by
    liveness, estimated lazily in order of time), and the fastest that fits is returned.
@@ -40,10 +41,9 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from .choose import Choice, narrow_configs
+from .choose import Choice
 from .evaluate import EvalContext, Evaluation, evaluate
 from .held import HeldBytes
-from .kcut import recut_and_descend
 from .memory import MemoryBudgetError, MemoryEstimate, MemoryModel, gb
 from .options import PlannerOptions
 from .search import Problem, solve
@@ -165,7 +165,7 @@ def fit_budget(
     last: list[tuple[int, ...]] = []  # the latest solution (a warm start for the next)
     solved: dict[tuple, dict] = {}  # (λ, priced tensors) -> block solutions of that problem
 
-    def solve_at(lam: float, search_budget=search_budget, more=(), final=False) -> tuple[int, ...]:
+    def solve_at(lam: float, search_budget=search_budget, more=()) -> tuple[int, ...]:
         nonlocal solves
         solves += 1
         node_bytes = proxy.nodes
@@ -183,9 +183,6 @@ def fit_budget(
         memo = solved.setdefault((lam, proxy.extra), {})
         sol = solve(problem, starts=starts, budget=search_budget, solved=memo)
         x = sol.assignment
-        if final and not sol.optimal:  # the last solve also re-cuts the mesh axes
-            configs = narrow_configs(ctx.tables.configs, None, tying)
-            x = recut_and_descend(problem, configs, x, search_budget, solved=memo)[0]
         found = seen.add(tying.expand(x) if tying is not None else x, lam)
         last[:] = [found]
         estimate = seen.estimate(found)
@@ -234,10 +231,10 @@ def fit_budget(
         bisections += 1
         lam = math.sqrt(lo * hi) if lo > 0 else hi / GROWTH
     if hi is not None:  # polish: the smallest λ that fit, the search's rounds from two starts
-        # and from every hand plan that fits, then re-cutting the mesh axes
+        # and from every hand plan that fits
         fitting = [tuple(a) for a, _ in choice.baselines.values() if seen.estimate(tuple(a)).fits]
         polish = dataclasses.replace(options.budget, max_starts=2 + len(fitting))
-        solve_at(hi, polish, fitting, final=True)
+        solve_at(hi, polish, fitting)
     best = seen.best_fit()
     if best is None:
         raise MemoryBudgetError(_no_fit_message(seen.smallest(), budget, model))

@@ -11,8 +11,8 @@ from test_search import GRAPHS
 
 import jaxpar
 import models
-from jaxpar.kcut import cut_order, kcut, project, recut, restrict
-from jaxpar.search import Problem, brute_force, evaluate, solve_exact
+from jaxpar.kcut import cut_order, kcut, project, recut, recut_and_descend, restrict
+from jaxpar.search import Problem, SearchBudget, brute_force, evaluate, solve, solve_exact
 
 
 def config_problem(rng, n, edges, dims=2, axes=2):
@@ -67,6 +67,26 @@ def test_recut_ends_where_no_single_axis_change_improves(seed):
         ]
         best = min(evaluate(p, list(a)) for a in itertools.product(*choices))
         assert value <= best + 1e-12
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("seed", range(3))
+def test_recut_and_descend_ends_where_neither_move_improves(seed):
+    """`kcut.recut_and_descend` from a block descent's result on a graph too wide to eliminate:
+    never worse than its start, and at its result neither a re-cut nor descent improves."""
+    rng = np.random.default_rng(seed)
+    n = 10
+    edges = [(i, j) for i in range(n) for j in range(i + 1, n) if rng.random() < 0.5]
+    p, configs = config_problem(rng, n, edges, dims=2, axes=2)
+    p.blocks = [list(range(0, 6)), list(range(4, 10))]
+    budget = SearchBudget(table=30, enum=30)
+    start = [int(rng.integers(len(c))) for c in configs]
+    start = solve(p, starts=[start], budget=budget).assignment  # as the planner calls it
+    x, value = recut_and_descend(p, configs, start, budget, rounds=20)
+    assert value <= evaluate(p, start) + 1e-12
+    assert value == pytest.approx(evaluate(p, x), rel=1e-12)
+    assert recut(p, configs, x, budget)[1] >= value - 1e-12
+    assert solve(p, starts=[x], budget=budget).objective >= value - 1e-12
 
 
 @pytest.mark.oracle
