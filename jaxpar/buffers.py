@@ -231,29 +231,27 @@ def combined_all_reduces(
     return out
 
 
-def updates_after_sync(
+def after_sync(
     ng,
     producer: Mapping[int, int],
     position: Sequence[int],
-    update_eqns: frozenset[int],
     fused_into: Mapping[int, Sequence[int]],
     combine_at: Mapping[int, float],
-    ready_after: float = 0.0,
+    ready_after: float,
 ) -> dict[int, float]:
-    """Update equations `scheduled_updates` places too early for a plan whose gradient
-    all-reduces XLA:CPU combines into one at the backward pass's end -> their position: an
-    update that depends on a reduced gradient (``combine_at``: gradient -> where its combined
-    all-reduce runs; a node's followers of it, a cast or a transpose, are ready there too)
-    keeps its place in program order, after it, and what is fused into it goes with it.
+    """Equations that read a reduced gradient (directly or through a chain: its transpose, a
+    cast, the optimizer's update) -> their position after the combined all-reduce, where XLA:CPU
+    runs them: ``ready_after`` past the all-reduce (``combine_at``: gradient -> where its
+    combined all-reduce runs); what `scheduled_updates` fused into a moved update goes with it.
     ``producer``: tensor -> the equation making it. Runs on every assignment priced."""
-    if not combine_at or not update_eqns:
+    if not combine_at:
         return {}
     eqns = ng.program.eqns
     # node -> where its reduced results are ready: after the all-reduce, which runs between
     # equations (``combine_at`` holds fractional positions)
     synced = {ng.node_of_tensor[t]: at + ready_after for t, at in combine_at.items()}
-    ready: dict[int, int] = {}  # tensor -> where it is ready, where later than made
-    out: dict[int, int] = {}
+    ready: dict[int, float] = {}  # tensor -> where it is ready, where later than made
+    out: dict[int, float] = {}
     for i in range(min(producer[t] for t in combine_at), len(eqns)):
         at = position[i]
         for t in eqns[i].inputs:

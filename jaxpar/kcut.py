@@ -50,7 +50,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .search import Problem, SearchBudget, eliminates, evaluate, solve, solve_exact
+from .search import Problem, SearchBudget, eliminates, evaluate, improves, solve, solve_exact
 
 Config = tuple[int, ...]
 
@@ -223,7 +223,7 @@ def recut(
                 local = solve(sub, [here], budget).assignment
             y = [int(keep[v][local[v]]) for v in range(n)]
             value = evaluate(problem, y)
-            if value < val - 1e-12 * max(1.0, abs(val)):
+            if improves(value, val):
                 x, val, settled = y, value, set()
             settled.add(axis)
         if len(settled) == k:
@@ -237,17 +237,16 @@ def recut_and_descend(
     start: Sequence[int],
     budget: SearchBudget | None = None,
     rounds: int = 4,
-    solved: dict | None = None,
 ) -> tuple[list[int], float]:
     """`recut`, then block descent from its result (`search.solve`), alternating until descent
-    keeps the re-cut plan or nothing improves (at most ``rounds`` times). ``solved``: block
-    solutions to reuse (`search.solve`). Never worse than ``start``."""
+    keeps the re-cut plan or nothing improves (at most ``rounds`` times). Never worse than
+    ``start``."""
     x, value = list(start), evaluate(problem, start)
     for _ in range(rounds):
         y, cut_value = recut(problem, configs, x, budget)
-        if not cut_value < value - 1e-12 * max(1.0, abs(value)):
+        if not improves(cut_value, value):
             break
-        again = solve(problem, starts=[y], budget=budget, solved=solved)  # no worse than y
+        again = solve(problem, starts=[y], budget=budget)  # no worse than y
         x, value = list(again.assignment), again.objective
         if x == y:
             break  # descent kept the re-cut plan: re-cutting it again changes nothing

@@ -36,7 +36,8 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
 - XLA:CPU (``cpu``) runs each parameter's update as soon as its gradient exists, and one
   that overwrites a donated argument not before that argument's last read
   (`buffers.scheduled_updates`); an update of an all-reduced gradient runs after the
-  combined all-reduce, in program order (`buffers.updates_after_sync`).
+  combined all-reduce, in program order, as does everything else reading a reduced gradient
+  (`buffers.after_sync`).
 - XLA:CPU (``cpu``) runs dots and convolutions of 16-bit floats in float32: a bfloat16 buffer
   (or resharded copy) read by a dot is stored as float32 (twice the bytes; beside the bfloat16
   one when other readers need that), and the dot's float32 result lives until converted back.
@@ -74,6 +75,7 @@ from .buffers import (
     UPCAST_READERS,
     VIEWS,
     Buffer,
+    after_sync,
     combined_all_reduces,
     cse_after_barriers,
     generated_tensors,
@@ -81,7 +83,6 @@ from .buffers import (
     recomputed_in_backward,
     scheduled_updates,
     transposed_operands,
-    updates_after_sync,
 )  # fmt: skip
 from .configs import Config, shard_count, spec_of
 from .graph import BACKWARD, FORWARD, UPDATE, phase_of
@@ -246,7 +247,6 @@ class MemoryModel:
         self.outvar_set = {t for t in program.outvars if t is not None}
         self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
         self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
-        self.update_eqns: frozenset[int] = frozenset()
         self.fused_into: dict[int, list[int]] = {}  # update equation reading no computed value
         self.position = self._schedule() if self.cpu else list(range(self.n_eqns))
         # XLA:CPU merges remat's recomputations with the forward pass (`cse_after_barriers`):
@@ -319,8 +319,7 @@ class MemoryModel:
                 last_read[u.tensor] = max(last_read.get(u.tensor, 0), at)
         made = self.producer_eqn
         writes = {made[t]: arg for t, arg in inp.feedback.items() if t in made}
-        position, group_of, self.fused_into = scheduled_updates(program, phases, last_read, writes)
-        self.update_eqns = frozenset(group_of) | frozenset(self.fused_into)
+        position, _, self.fused_into = scheduled_updates(program, phases, last_read, writes)
         return position
 
     def _recompute_in_backward(self) -> set[int]:
@@ -421,14 +420,8 @@ class MemoryModel:
             else {}
         )
         scattered = set() if inp.combine_syncs else sync_produced
-        delayed = updates_after_sync(
-            ng,
-            self.producer_eqn,
-            self.position,
-            self.update_eqns,
-            self.fused_into,
-            combine_at,
-            SYNC_AFTER,
+        delayed = after_sync(
+            ng, self.producer_eqn, self.position, self.fused_into, combine_at, SYNC_AFTER
         )
         buffers: list[Buffer] = []
 

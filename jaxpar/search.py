@@ -128,6 +128,12 @@ def evaluate(problem: Problem, assignment: Sequence[int]) -> float:
     return total
 
 
+def improves(new: float, old: float) -> bool:
+    """Whether objective ``new`` is lower than ``old`` by more than float noise (relative 1e-12):
+    descents stop on a step that only rounds differently."""
+    return new < old - 1e-12 * max(1.0, abs(old))
+
+
 def _expand(arr: np.ndarray, vars_: tuple[int, ...], order: list[int], sizes: dict) -> np.ndarray:
     """View a factor over ``vars_`` as an array broadcastable over ``order``."""
     where = {v: k for k, v in enumerate(order)}
@@ -407,7 +413,7 @@ def solve(
                 else:
                     y, v, _ = _solve_block(problem, x, block, budget.block, budget.enum)
                     solved[key] = tuple(y[i] for i in block)
-                if v < val - 1e-12 * max(1.0, abs(val)):
+                if improves(v, val):
                     x, val, improved = y, v, True
             if on_round is not None:
                 on_round(k + 1, len(starts), rounds_total, val)
