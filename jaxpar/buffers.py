@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .graph import BACKWARD, FORWARD, UPDATE, phase_of
-from .kernels import transposed_conv_operands
+from .kernels import copied_operands
 from .rules import ELEMENTWISE
 
 FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
@@ -144,11 +144,9 @@ def uniform_tensors(program) -> frozenset[int]:
 
 
 def transposed_operands(program) -> frozenset[tuple[int, int]]:
-    """(equation, operand) of the convolution operands XLA:CPU reads through a transposed
-    copy (`kernels.transposed_conv_operands`)."""
-    return frozenset(
-        (e.index, pos) for e in program.eqns for pos in transposed_conv_operands(program, e)
-    )
+    """(equation, operand) of the contraction operands XLA:CPU reads through a transposed
+    copy (`kernels.copied_operands`)."""
+    return frozenset((e.index, pos) for e in program.eqns for pos in copied_operands(program, e))
 
 
 def scheduled_updates(

@@ -61,19 +61,17 @@ class FusionRules:
     each of them, however many (XLA:GPU duplicates the producer: softmax's masked, shifted
     exponentials are never written); without it, only a result with one reader is.
     ``sibling_reductions``: sibling reductions share their read (`shared_reads`).
-    ``convolution_copies``: a convolution reads its operands in one layout, and copies those it
-    finds in another first (`transposed_conv_operands`; XLA:CPU), a kernel each.
+    ``operand_copies``: a contraction reads its operands in one layout, and copies those it
+    finds in another first (`copied_operands`; XLA:CPU), a kernel each.
     """
 
     duplicate_producers: bool
     sibling_reductions: bool
-    convolution_copies: bool = False
+    operand_copies: bool = False
 
 
 ACCELERATOR_FUSION = FusionRules(duplicate_producers=True, sibling_reductions=True)
-CPU_FUSION = FusionRules(
-    duplicate_producers=False, sibling_reductions=False, convolution_copies=True
-)
+CPU_FUSION = FusionRules(duplicate_producers=False, sibling_reductions=False, operand_copies=True)
 
 
 def fusion_for(platform: str) -> FusionRules:
@@ -310,9 +308,9 @@ def node_kernels(
             tuple((s, t, mp) for s, (t, mp) in reads.items() if s not in skip) if writes else ()
         )
         partial = _partial_access(program, node, group, rules)
-        if contraction and rules.convolution_copies:
+        if contraction and rules.operand_copies:
             anchor = node.members[group[0]]
-            for pos in transposed_conv_operands(program, eqns[anchor.eqn]):
+            for pos in copied_operands(program, eqns[anchor.eqn]):
                 t, mp = eqns[anchor.eqn].inputs[pos], anchor.in_maps[pos]
                 if mp is not None:  # reads the operand, writes its copy
                     kernels.append(Kernel((), ((t, t, mp),), ((t, mp),), False))
@@ -355,6 +353,22 @@ def _partial_access(
     return tuple((t, b, mp) for t, (b, mp) in bounded.items() if t not in whole)
 
 
+def copied_operands(program: Program, eqn: Equation) -> tuple[int, ...]:
+    """Positions of the operands of ``eqn`` (a contraction) that XLA:CPU copies into another
+    layout before running it (`transposed_conv_operands`, `transposed_dot_operands`)."""
+    if eqn.primitive == "conv_general_dilated":
+        return transposed_conv_operands(program, eqn)
+    if eqn.primitive == "dot_general":
+        return transposed_dot_operands(program, eqn)
+    return ()
+
+
+def _reordered(program: Program, t: int, order: Sequence[int]) -> bool:
+    """Whether reading tensor ``t``'s dims in ``order`` moves data (dims of size 1 aside)."""
+    moved = [d for d in order if program.tensors[t].shape[d] != 1]
+    return moved != sorted(moved)
+
+
 def transposed_conv_operands(program: Program, eqn: Equation) -> tuple[int, ...]:
     """Positions of the operands of ``eqn`` (a convolution) that XLA:CPU copies first.
 
@@ -364,18 +378,43 @@ def transposed_conv_operands(program: Program, eqn: Equation) -> tuple[int, ...]
     such a convolution of both a forward activation and an output gradient (batch is its
     contracted dim), the gradient of an input one of the kernel (in and out swapped).
     """
-    if eqn.primitive != "conv_general_dilated":
-        return ()
     dn = eqn.params["dimension_numbers"]
     lhs, rhs = dn.lhs_spec, dn.rhs_spec
     wanted = ((lhs[0], *lhs[2:], lhs[1]), (*rhs[2:], rhs[1], rhs[0]))
+    return tuple(
+        pos
+        for pos, order in enumerate(wanted)
+        if eqn.inputs[pos] is not None and _reordered(program, eqn.inputs[pos], order)
+    )
+
+
+def transposed_dot_operands(program: Program, eqn: Equation) -> tuple[int, ...]:
+    """Positions of the operands of ``eqn`` (a dot_general) that XLA:CPU copies first.
+
+    XLA's dot decomposition brings every operand to (batch..., free..., contracted...) (lhs) or
+    (batch..., contracted..., free...) (rhs) and merges each group into one dim; its matmul
+    reads either order of the two merged dims, so a transpose is folded into the dot where
+    the operand needs no merging (at most one free and one contracted dim) and its batch dims
+    lead. Otherwise an operand stored in another order (dims of size 1 aside) is copied into
+    that order: the weight gradient ``x[B, S, d]ᵀ · dy[B, S, f]`` copies ``x``; attention's
+    ``einsum("bqhd,bkhd->bhqk")`` copies both (batch dims b, h do not lead). Read off XLA:CPU's
+    compiled programs (``copy_bitcast_fusion`` / ``transpose_copy_fusion`` before the dot).
+    """
+    (contract, batch) = eqn.params["dimension_numbers"]
     out = []
-    for pos, order in enumerate(wanted):
+    for pos in (0, 1):
         t = eqn.inputs[pos]
-        if t is not None:
-            moved = [d for d in order if program.tensors[t].shape[d] != 1]
-            if moved != sorted(moved):
-                out.append(pos)
+        if t is None:
+            continue
+        rank = len(program.tensors[t].shape)
+        b, c = tuple(batch[pos]), tuple(contract[pos])
+        free = tuple(d for d in range(rank) if d not in b and d not in c)
+        if len(free) <= 1 and len(c) <= 1:
+            order = (*b, *sorted((*free, *c)))  # the dot reads either order of the two
+        else:
+            order = (*b, *free, *c) if pos == 0 else (*b, *c, *free)
+        if _reordered(program, t, order):
+            out.append(pos)
     return tuple(out)
 
 

@@ -377,6 +377,55 @@ def test_xla_cpu_copies_a_kernel_gradients_operands_first():
     assert forward is not kernel_grad
 
 
+# (lhs shape, rhs shape, ((lhs contracted, rhs contracted), (lhs batch, rhs batch)))
+DOT_CASES = [
+    ((4, 8, 32), (32, 16), (((2,), (0,)), ((), ()))),  # forward x·W
+    ((4, 8, 16), (32, 16), (((2,), (1,)), ((), ()))),  # input gradient dy·Wᵀ
+    ((32, 16), (4, 8, 16), (((1,), (2,)), ((), ()))),  # W·dyᵀ: dy copied
+    ((4, 8, 32), (4, 8, 16), (((0, 1), (0, 1)), ((), ()))),  # weight gradient: x copied
+    ((1, 8, 32), (1, 8, 16), (((0, 1), (0, 1)), ((), ()))),  # ... with a dim of size 1
+    ((64, 32), (64, 16), (((0,), (0,)), ((), ()))),  # 2-d aᵀ·b: read transposed
+    ((64, 32), (16, 64), (((0,), (1,)), ((), ()))),
+    ((2, 16, 4, 16), (2, 16, 4, 16), (((3,), (3,)), ((0, 2), (0, 2)))),  # bqhd,bkhd: both
+    ((2, 4, 16, 16), (2, 4, 16, 16), (((3,), (3,)), ((0, 1), (0, 1)))),  # bhqd,bhkd
+    ((2, 8, 16), (2, 4, 16), (((2,), (2,)), ((0,), (0,)))),
+    ((8, 2, 16), (2, 16, 4), (((2,), (1,)), ((1,), (0,)))),  # batch dim not leading
+    ((4, 8, 16), (5, 16), (((2,), (1,)), ((), ()))),
+    ((4, 16), (5, 3, 16), (((1,), (2,)), ((), ()))),
+    ((3, 4, 16), (3, 16, 5), (((0, 2), (0, 1)), ((), ()))),
+]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("lhs,rhs,dims", DOT_CASES)
+def test_xla_cpu_copies_the_dot_operands_its_decomposition_reorders(lhs, rhs, dims):
+    """`kernels.transposed_dot_operands` names the operands XLA:CPU's compiled program copies
+    into another layout before the dot (a layout-only fusion or copy reading the argument)."""
+    import re
+
+    import jax
+
+    from jaxpar.kernels import transposed_dot_operands
+
+    def dot(a, b):
+        return jax.lax.dot_general(a, b, dims)
+
+    ng = _tiny_program(dot, lhs, rhs)
+    eqn = next(e for e in ng.program.eqns if e.primitive == "dot_general")
+    args = [jax.ShapeDtypeStruct(s, "float32") for s in (lhs, rhs)]
+    hlo = jax.jit(dot).lower(*args).compile().as_text()
+    entry = hlo[hlo.index("ENTRY") :]
+    params = dict(re.findall(r"%([\w.]+) = \S+ parameter\((\d)\)", entry))
+    copied = {
+        int(params[name])
+        for line in entry.splitlines()
+        if re.search(r"= \S+ (copy|transpose)\(|(copy|transpose)_\w*fusion", line)
+        for name in re.findall(r"\(%([\w.]+)\)", line)
+        if name in params
+    }
+    assert set(transposed_dot_operands(ng.program, eqn)) == copied, hlo
+
+
 def test_indexing_touches_only_its_part():
     """A gather of 8 rows of a (1000, 64) table reads 8 rows' worth of it, not the table; a
     scatter-add of 8 rows into it updates the table in place: 8 rows' worth read and written.
