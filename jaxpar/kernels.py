@@ -36,8 +36,9 @@ FUSING_READERS = frozenset(
 )  # fmt: skip
 # Results that are bitcasts of their operand (never written; readers read the operand)
 ALIASES = ("reshape", "squeeze", "expand_dims")
-# Producers XLA recomputes inside fusing readers rather than writing their results
-RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES))
+# Producers XLA recomputes inside fusing readers rather than writing their results (a
+# transpose is an index map: a weight gradient's transpose runs inside the optimizer's update)
+RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES, "transpose"))
 # Indexing that touches part of a tensor (`node_kernels`): equation -> (operand position read
 # only where the result or update lands, operand position bounding that part, whether the
 # result is written in place over the operand: a scatter updates its operand's buffer)
@@ -253,8 +254,9 @@ def node_kernels(
     - Every other member (the elementwise followers and absorbed broadcasts; the anchor when it
       is no contraction) is one fused kernel.
     - A kernel reads each tensor it uses that is made outside it once, and writes each tensor it
-      makes that is read outside it, or is a program result, once; tensors made and read inside
-      it are not memory traffic, nor are dead results (XLA removes them).
+      makes that is read outside it (directly, or by a reader recomputing a result made from
+      it: `_read_outside`), or is a program result, once; tensors made and read inside it are
+      not memory traffic, nor are dead results (XLA removes them).
     - XLA fuses elementwise producers into loop-fusion readers: a `recomputed` tensor is not
       written; its readers read what it is computed from (`_sources`) instead. A kernel that
       writes nothing runs inside its readers' kernels: it keeps its FLOPs but reads nothing
@@ -295,8 +297,9 @@ def node_kernels(
                     if s not in made:
                         reads.setdefault(s, (t, mp))
             for t, mp in zip(eqn.outputs, m.out_maps, strict=True):
-                outside = any(r not in own for r in index.readers.get(t, ()))
-                if t in index.results or (outside and not recomputed(program, t, rules)):
+                if t in index.results or (
+                    not recomputed(program, t, rules) and _read_outside(program, t, own, rules)
+                ):
                     writes.setdefault(t, mp)
         skip = {
             src
@@ -318,6 +321,23 @@ def node_kernels(
             Kernel(tuple(group), kernel_reads, tuple(writes.items()), contraction, partial)
         )
     return tuple(kernels)
+
+
+def _read_outside(program: Program, tid: int, own: set[int], rules: FusionRules) -> bool:
+    """Whether an equation outside ``own`` (a kernel's equations) reads ``tid``: directly, or
+    by recomputing a `recomputed` tensor made from it (a layer norm's mean, read through the
+    division and subtraction its readers recompute), which reads ``tid`` from memory."""
+    index = _index(program)
+    stack, seen = [tid], {tid}
+    while stack:
+        for r in index.readers.get(stack.pop(), ()):
+            if r not in own:
+                return True
+            for out in program.eqns[r].outputs:
+                if out not in seen and recomputed(program, out, rules):
+                    seen.add(out)
+                    stack.append(out)
+    return False
 
 
 def _partial_access(
