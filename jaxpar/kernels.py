@@ -161,7 +161,16 @@ def _recomputed(program: Program, index: _ProgramIndex, tid: int, rules: FusionR
         return False
     if len(readers) > 1 and not rules.duplicate_producers:
         return False
-    return all(_fuses(program, r) for r in readers)
+    if not all(_fuses(program, r) for r in readers):
+        return False
+    if len(readers) == 1:
+        return True
+    # duplicated into several readers: only where recomputing reads no more than writing it
+    # once and reading it in each reader would (XLA:GPU's priority fusion weighs the same)
+    ops = [t for t in eqn.inputs if t is not None]
+    sources = dict.fromkeys(s for t in ops for s in _sources(program, t, True, rules))
+    again = sum(program.tensors[s].nbytes for s in sources)
+    return len(readers) * again <= (1 + len(readers)) * program.tensors[tid].nbytes
 
 
 def _fuses(program: Program, reader: int) -> bool:

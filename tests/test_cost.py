@@ -562,3 +562,27 @@ def test_every_tensor_a_kernel_reads_is_written_or_an_input(name):
                 read |= {s for s, _, _ in kernel.reads}
         unwritten = {s for s in read - written if not program.tensors[s].opaque}
         assert not unwritten, (rules, [program.tensors[s].shape for s in unwritten])
+
+
+def test_gpu_duplicates_a_producer_only_where_recomputing_reads_less():
+    """XLA:GPU recomputes an elementwise result in each of its fusing readers when that reads
+    no more than writing it once and reading it back would: exp(x) read by two reductions is
+    recomputed from x in both; a sum of four tensors read by two is written once, since
+    recomputing it would read all four in each reader."""
+    import jax.numpy as jnp
+
+    from jaxpar.kernels import ACCELERATOR_FUSION, recomputed
+
+    def cheap(x):
+        t = jnp.exp(x)
+        return (t * 2.0).sum(), (t * 3.0).sum(axis=0)
+
+    def deep(a, b, c, d):
+        t = a + b + c + d
+        return (t * 2.0).sum(), (t * 3.0).sum(axis=0)
+
+    for fn, shapes, expected in ((cheap, [(64, 32)], True), (deep, [(64, 32)] * 4, False)):
+        program = _tiny_program(fn, *shapes).program
+        made = next(e for e in program.eqns if e.primitive in ("exp", "add") and
+                    len(program.consumers().get(e.outputs[0], [])) == 2)  # fmt: skip
+        assert recomputed(program, made.outputs[0], ACCELERATOR_FUSION) is expected, fn
