@@ -52,8 +52,15 @@ def reprice(result: dict) -> dict:
                 "then_ms": r["calibrated_eqn_ms"],
             }
         )
+    measured_step = result["step"]["measured_ms"]
     return {
         "model": result["model"],
+        "step": {
+            "measured_ms": measured_step,
+            "then_ms": result["step"]["calibrated_ms"],
+            "now_ms": plan.cost.compute_s * 1e3,
+            "now_ratio": plan.cost.compute_s * 1e3 / measured_step,
+        },
         "layers": rows,
         "now": summarize(rows, "calibrated", "in_step"),
         "now_blocks": summarize(block_rows(rows, ["calibrated"]), "calibrated", "in_step"),
@@ -71,8 +78,9 @@ def markdown(doc: dict) -> str:
         "step; within 10 % means 0.9 <= ratio <= 1.1.",
         "",
         "| model | layers | within 10 % then / now | median then / now | Σ ratio then / now "
-        "| blocks | blocks within 10 % then / now | block median then / now |",
-        "|---|---|---|---|---|---|---|---|",
+        "| blocks | blocks within 10 % then / now | block median then / now "
+        "| whole step Σ t_C / measured then / now |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
         t, n, tb, nb = r["then"], r["now"], r["then_blocks"], r["now_blocks"]
@@ -80,7 +88,9 @@ def markdown(doc: dict) -> str:
             f"| {r['model']} | {n['layers']} | {t['within_10pct']} / {n['within_10pct']} | "
             f"{t['median_ratio']:.3f} / {n['median_ratio']:.3f} | {t['sum_ratio']:.3f} / "
             f"{n['sum_ratio']:.3f} | {nb['layers']} | {tb['within_10pct']} / {nb['within_10pct']}"
-            f" | {tb['median_ratio']:.3f} / {nb['median_ratio']:.3f} |"
+            f" | {tb['median_ratio']:.3f} / {nb['median_ratio']:.3f} | "
+            f"{r['step']['then_ms'] / r['step']['measured_ms']:.3f} / "
+            f"{r['step']['now_ratio']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
