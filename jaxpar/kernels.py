@@ -113,7 +113,7 @@ class _ProgramIndex:
     producer: dict[int, Equation]  # tensor -> the equation making it
     readers: dict[int, list[int]]  # tensor -> equations reading it
     results: frozenset[int]  # the program's results
-    sources: dict[tuple[int, bool], tuple[int, ...]]  # memo of `_sources` per rule
+    sources: dict[tuple[int, bool], tuple[int, ...]]  # memo of `_computed_from` per rule
     fusing: dict[int, bool]  # memo of `_fuses`
     recomputed: dict[tuple[int, bool], bool]  # memo of `recomputed` per rule
     siblings: dict[FusionRules, dict[int, tuple[tuple[int, int], ...]]]  # memo of `shared_reads`
@@ -167,9 +167,7 @@ def _recomputed(program: Program, index: _ProgramIndex, tid: int, rules: FusionR
         return True
     # duplicated into several readers: only where recomputing reads no more than writing it
     # once and reading it in each reader would (XLA:GPU's priority fusion weighs the same)
-    ops = [t for t in eqn.inputs if t is not None]
-    sources = dict.fromkeys(s for t in ops for s in _sources(program, t, True, rules))
-    again = sum(program.tensors[s].nbytes for s in sources)
+    again = sum(program.tensors[s].nbytes for s in _computed_from(program, tid, rules))
     return len(readers) * again <= (1 + len(readers)) * program.tensors[tid].nbytes
 
 
@@ -201,10 +199,17 @@ def _sources(
         return _sources(program, eqn.inputs[0], fusing, rules)
     if not fusing:
         return (tid,)
+    return _computed_from(program, tid, rules)
+
+
+def _computed_from(program: Program, tid: int, rules: FusionRules) -> tuple[int, ...]:
+    """What a loop fusion recomputing ``tid`` reads from memory: the sources (`_sources`) of
+    its producer's operands (memo: `_recomputed` weighs them before `_sources` uses them)."""
+    index = _index(program)
     key = (tid, rules.duplicate_producers)
-    hit = index.sources.get(key)  # memo (fusing readers only)
+    hit = index.sources.get(key)
     if hit is None:
-        ops = [t for t in eqn.inputs if t is not None]
+        ops = [t for t in index.producer[tid].inputs if t is not None]
         hit = tuple(dict.fromkeys(s for t in ops for s in _sources(program, t, True, rules)))
         index.sources[key] = hit
     return hit
