@@ -5,7 +5,9 @@ simulated CPU devices, meshes (8,), (2,4), (2,2,2), strategies auto and data) an
 models, the applied step is compiled (`jaxpar.auto_shard(...).lower(*args).compile()`) and its
 `cost_analysis()` (per device: the partitioned program) is set beside the plan's prediction,
 `cost.plan_work`: Σ over nodes of the per-device FLOPs and the fused memory traffic of their
-kernels (`kernels.node_kernels`).
+kernels (`kernels.node_kernels`), plus the bytes the reshards' local kernels read and write
+(`PlanCost.local_bytes`, `reshard.local_kernels`: XLA cuts a finer shard out of a tensor with a
+dynamic slice, and copies layouts around a collective on a dim other than the first).
 
 XLA's "bytes accessed" also counts the collectives (operands + results: an all-reduce of S bytes
 per device accesses 2S, an all-gather S/n + S, a reduce-scatter (n + 1)·S, an all-to-all and a
@@ -158,6 +160,8 @@ def compare(name: str, mesh_axes: dict, strategy: str, small: bool = True) -> di
     plan = step.plan
     loops = not plan.program.regions
     predicted = plan_work(plan.ng, plan.tables.configs, plan.assignment, plan.params, loops=loops)
+    if loops:  # the reshards' local kernels (per step: a scan's are not split out)
+        predicted["bytes"] += plan.cost.local_bytes
     xla = xla_work(compiled)
     return {
         "model": name,

@@ -60,7 +60,7 @@ class AllReduceItem:
     """One predicted all-reduce, as the combiner sees it."""
 
     eqn: int  # the equation whose result it reduces (its place in program order)
-    key: tuple  # what must match to combine: reduction, dtype, mesh axes, region
+    key: tuple  # what must match to combine: reduction, dtype, mesh axes, region, body
     buffer_bytes: float  # result bytes per device
 
 

@@ -123,6 +123,7 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
                 + Σ_{t written by k} nbytes(t) / shards(t)
                   (each term at most itemsize · size(b) / shards(b) where `Kernel.partial`
                    bounds the tensor by b: a gather's result, a scatter's update)
+                + Σ_{(t, c) in `Kernel.extra`} c · nbytes(t) / shards(t)
         f_m     = flops_m · taps_m / deg_m            (taps: `conv_taps_fraction`, 1 but for convs)
         t_k     = overhead + max( Σ_{m ∈ k} f_m / rate_m(f_m) , bytes_k / mem_bandwidth )
         t_C     = Σ_k t_k
@@ -163,6 +164,8 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
             k_bytes += part(s, np.minimum(tensors[s].nbytes, tensors[s].itemsize * shard_elements))
         for t, mp in kernel.writes:
             k_bytes += part(t, tensors[t].nbytes / shards(mp))
+        for t, mp, factor in kernel.extra:
+            k_bytes += factor * tensors[t].nbytes / shards(mp)
         k_time = np.zeros(n)
         for i in kernel.members:
             m = node.members[i]

@@ -24,7 +24,7 @@ from .graph import shape_str
 from .hardware.speeds import MeshSpeeds
 from .nodes import NodeGraph
 from .overlap import Timeline
-from .reshard import priced_steps, reshard_path, step_time
+from .reshard import SLICE, local_priced, local_time, priced_steps, reshard_path, step_time
 from .tables import CostTables, uniform
 
 
@@ -65,6 +65,10 @@ class PlanCost:
     combined_all_reduces: int = 0  # all-reduces per step after combining (runs counted)
     # compute and communication on two streams (`overlap`); ≤ combined_step_s ≤ step_s
     overlapped_step_s: float = math.nan
+    # bytes the reshards' local kernels read and write (slices, layout copies around
+    # collectives: `reshard.local_kernels`; their time is in reshard_s), beside the nodes'
+    # compute traffic (`cost.plan_work`)
+    local_bytes: float = 0.0
 
     def step_for(self, objective: str) -> float:
         """The step a plan is compared by: the overlapped one under "overlap", else Eq. 1."""
@@ -150,8 +154,10 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             if c.kind == ALL_REDUCE and c.group_size > 1:
                 n, _, lat = mesh.group(c.axes)
                 key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
+                # XLA combines within one computation: a cond's branches never together
+                body = ng.program.body_of(node.region, node.anchor)
                 item = AllReduceItem(
-                    node.anchor, (*key, node.region), all_reduce_buffer(c.nbytes, n)
+                    node.anchor, (*key, node.region, body), all_reduce_buffer(c.nbytes, n)
                 )
                 items.append((len(colls), item, lat * ring_steps(ALL_REDUCE, n)))
             own_of[v].append(len(colls))
@@ -165,21 +171,30 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     produced: set[tuple] = set()
     paths: list[list[tuple[tuple, float]]] = [[] for _ in tables.uses]  # per use, (key, s) a step
     configs = tables.configs
+    local = local_priced(mesh, ctx.params.objective)
+    local_bytes = 0.0  # what the reshards' local kernels read and write
     for u, use, nbytes, trips, feedback, name, gathers_free in _priced_reads(ctx):
         src = spec_of(use.src_map, configs[use.src][assignment[use.src]])
         dst = spec_of(use.dst_map, configs[use.dst][assignment[use.dst]])
         if src == dst:
             continue  # read as it is (most reads): no path
-        for step in priced_steps(reshard_path(nbytes, src, dst, mesh.sizes), gathers_free):
+        path = reshard_path(nbytes, src, dst, mesh.sizes)
+        for step in priced_steps(path, gathers_free, local):
             key = (use.tensor, use.context, step.before, step.after)
-            paths[u].append((key, step_time(step, mesh) * trips))
+            sent = step_time(step, mesh) * trips
+            copying = local_time(step, mesh) * trips if local else 0.0
+            paths[u].append((key, sent + copying))
             if key in produced:
                 continue
             produced.add(key)
-            t, moved = step_time(step, mesh) * trips, step.nbytes * trips
+            t, moved = sent + copying, step.nbytes * trips
             objective += moved if ctx.params.objective == "comm" else t
             row = rows[use.dst]
             row["t_X"] += t
+            if local:
+                local_bytes += step.local * trips
+            if step.kind == SLICE:  # a local kernel: no collective, nothing sent
+                continue
             row["bytes"] += moved
             colls.append(
                 Collective(
@@ -190,7 +205,7 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             )  # fmt: skip
     riding = _combine(ctx, colls, items)
     saved = sum(riding.values())
-    plain = _plan_cost(rows)
+    plain = dataclasses.replace(_plan_cost(rows), local_bytes=local_bytes)
     overlapped = _timeline(ctx, rows, colls, own_of, riding, paths).makespan()
     cost = dataclasses.replace(
         plain,

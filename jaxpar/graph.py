@@ -142,6 +142,14 @@ class Program:
             return 1
         return math.prod(self.regions[i].trips for i in self.region_chain(region))
 
+    def body_of(self, region: int, eqn: int) -> int:
+        """Which body of ``region`` holds equation ``eqn``: a cond's branch (each its own
+        computation in XLA), 0 for a scan's body or outside regions."""
+        if region < 0:
+            return 0
+        bodies = self.regions[region].bodies
+        return next((b for b, (lo, hi) in enumerate(bodies) if lo <= eqn < hi), 0)
+
     def common_region(self, a: int, b: int) -> int:
         """The innermost region enclosing both ``a`` and ``b`` (-1: none)."""
         if a < 0 or b < 0:

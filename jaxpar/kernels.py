@@ -32,13 +32,14 @@ FREE_PRIMITIVES = ("reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iot
 # than writing its result to memory (`node_kernels`).
 FUSING_READERS = frozenset(
     (*ELEMENTWISE, *FREE_PRIMITIVES, "transpose", "reduce_sum", "reduce_max", "reduce_min",
-     "reduce_prod", "argmax", "argmin", "select_n", "pad", "slice", "concatenate")
+     "reduce_prod", "argmax", "argmin", "select_n", "pad", "slice", "concatenate", "gather")
 )  # fmt: skip
 # Results that are bitcasts of their operand (never written; readers read the operand)
 ALIASES = ("reshape", "squeeze", "expand_dims")
 # Producers XLA recomputes inside fusing readers rather than writing their results (a
-# transpose is an index map: a weight gradient's transpose runs inside the optimizer's update)
-RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES, "transpose"))
+# transpose or a slice is an index map: a weight gradient's transpose runs inside the
+# optimizer's update, a loss's shifted logits inside its reductions)
+RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES, "transpose", "slice"))
 # Indexing that touches part of a tensor (`node_kernels`): equation -> (operand position read
 # only where the result or update lands, operand position bounding that part, whether the
 # result is written in place over the operand: a scatter updates its operand's buffer)
@@ -64,15 +65,29 @@ class FusionRules:
     ``sibling_reductions``: sibling reductions share their read (`shared_reads`).
     ``operand_copies``: a contraction reads its operands in one layout, and copies those it
     finds in another first (`copied_operands`; XLA:CPU), a kernel each.
+    ``multi_output``: the tensors a node's elementwise members write come from one kernel
+    (multi-output fusion), else from a loop fusion each (`_cones`; XLA:CPU).
+    ``expand_select_and_scatter``: a max pool's gradient runs as XLA's select-and-scatter
+    expansion (`expanded_select_and_scatter`; XLA:CPU), not as one kernel.
     """
 
     duplicate_producers: bool
     sibling_reductions: bool
     operand_copies: bool = False
+    multi_output: bool = True
+    expand_select_and_scatter: bool = False
 
 
 ACCELERATOR_FUSION = FusionRules(duplicate_producers=True, sibling_reductions=True)
-CPU_FUSION = FusionRules(duplicate_producers=False, sibling_reductions=False, operand_copies=True)
+CPU_FUSION = FusionRules(
+    duplicate_producers=False,
+    sibling_reductions=False,
+    operand_copies=True,
+    multi_output=False,
+    expand_select_and_scatter=True,
+)
+SELECT_AND_SCATTER = "select_and_scatter_add"
+INDEX_ITEMSIZE = 4  # XLA's index arrays are s32
 
 
 def fusion_for(platform: str) -> FusionRules:
@@ -98,12 +113,15 @@ class Kernel:
     # tensor read or written only in part (`PARTIAL_ACCESS`) -> (the tensor whose shard bounds
     # the bytes, its map): a gather reads what it gathers, a scatter writes what it updates
     partial: tuple[tuple[int, int, DimMap], ...] = ()
+    # traffic in tensors the program does not hold (an expansion's index arrays): (tensor, its
+    # map, bytes as a multiple of that tensor's shard), `expanded_select_and_scatter`
+    extra: tuple[tuple[int, DimMap, float], ...] = ()
 
     @property
     def runs(self) -> bool:
         """Whether it is a kernel of its own: one that writes nothing is computed inside the
         kernels reading its results (its reads are theirs)."""
-        return bool(self.writes)
+        return bool(self.writes or self.extra)
 
 
 @dataclasses.dataclass
@@ -293,48 +311,173 @@ def node_kernels(
     anchor_first = node.members[live[0]].eqn == node.anchor >= 0
     if anchor_first and eqns[node.anchor].primitive in CONTRACTION_PRIMITIVES:
         groups = [[live[0]], live[1:]]
-    index = _index(program)
     kernels = []
+    if rules.expand_select_and_scatter:
+        for i in live:
+            if eqns[node.members[i].eqn].primitive == SELECT_AND_SCATTER:
+                kernels += expanded_select_and_scatter(program, node, i)
+        groups = [
+            [i for i in g if eqns[node.members[i].eqn].primitive != SELECT_AND_SCATTER]
+            for g in groups
+        ]
     for k, group in enumerate(groups):
+        if not group:
+            continue
         contraction = len(groups) == 2 and k == 0
         own = {node.members[i].eqn for i in group}
-        made = {t for i in group for t in eqns[node.members[i].eqn].outputs}
-        reads: dict[int, tuple[int, DimMap]] = {}
-        writes: dict[int, DimMap] = {}
-        for i in group:
-            m = node.members[i]
-            eqn = eqns[m.eqn]
-            for t, mp in zip(eqn.inputs, m.in_maps, strict=True):
-                if t is None or mp is None or t in made:
-                    continue
-                for s in _sources(program, t, not contraction, rules):
-                    if s not in made:
-                        reads.setdefault(s, (t, mp))
-            for t, mp in zip(eqn.outputs, m.out_maps, strict=True):
-                if t in index.results or (
-                    not recomputed(program, t, rules) and _read_outside(program, t, own, rules)
-                ):
-                    writes.setdefault(t, mp)
-        skip = {
-            src
-            for i in group
-            for src, earlier in siblings.get(node.members[i].eqn, ())
-            if earlier not in own
-        }
-        kernel_reads = (
-            tuple((s, t, mp) for s, (t, mp) in reads.items() if s not in skip) if writes else ()
-        )
-        partial = _partial_access(program, node, group, rules)
-        if contraction and rules.operand_copies:
-            anchor = node.members[group[0]]
-            for pos in copied_operands(program, eqns[anchor.eqn]):
-                t, mp = eqns[anchor.eqn].inputs[pos], anchor.in_maps[pos]
-                if mp is not None:  # reads the operand, writes its copy
-                    kernels.append(Kernel((), ((t, t, mp),), ((t, mp),), False))
-        kernels.append(
-            Kernel(tuple(group), kernel_reads, tuple(writes.items()), contraction, partial)
-        )
+        writes = _writes(program, node, group, own, rules)
+        if not writes:  # computed inside its readers' kernels
+            kernels.append(Kernel(tuple(group), (), (), contraction))
+            continue
+        cones = _cones(program, node, group, writes, rules.multi_output)
+        computed = set().union(*(cone for cone, _ in cones))
+        rest = tuple(i for i in group if i not in computed)
+        if rest:  # members computing no write run inside their readers' kernels
+            kernels.append(Kernel(rest, (), (), False))
+        counted: set[int] = set()  # a member shared by two cones counts its FLOPs once
+        for cone, cone_writes in cones:
+            members = [i for i in group if i in cone]
+            made = {t for i in members for t in eqns[node.members[i].eqn].outputs}
+            reads: dict[int, tuple[int, DimMap]] = {}
+            for i in members:
+                m = node.members[i]
+                for t, mp in zip(eqns[m.eqn].inputs, m.in_maps, strict=True):
+                    if t is None or mp is None or t in made:
+                        continue
+                    for s in _sources(program, t, not contraction, rules):
+                        if s not in made:
+                            reads.setdefault(s, (t, mp))
+            skip = {
+                src
+                for i in members
+                for src, earlier in siblings.get(node.members[i].eqn, ())
+                if earlier not in own
+            }
+            partial = _partial_access(program, node, members, rules, not contraction)
+            if contraction and rules.operand_copies:
+                anchor = node.members[members[0]]
+                for pos in copied_operands(program, eqns[anchor.eqn]):
+                    t, mp = eqns[anchor.eqn].inputs[pos], anchor.in_maps[pos]
+                    if mp is not None:  # reads the operand, writes its copy
+                        kernels.append(Kernel((), ((t, t, mp),), ((t, mp),), False))
+            kernels.append(
+                Kernel(
+                    tuple(i for i in members if i not in counted),
+                    tuple((s, t, mp) for s, (t, mp) in reads.items() if s not in skip),
+                    cone_writes,
+                    contraction,
+                    partial,
+                )
+            )
+            counted.update(members)
     return tuple(kernels)
+
+
+def expanded_select_and_scatter(program: Program, node: Node, i: int) -> tuple[Kernel, ...]:
+    """The kernels of XLA:CPU's select-and-scatter expansion of member ``i`` (a max pool's
+    gradient: operand x of rank r, window maxima's cotangent g, result shaped as x).
+
+    XLA rewrites it as: r iotas over x's shape (s32) and the zeros of the result, each a
+    kernel writing its tensor; a variadic reduce-window over x and the iotas, writing each
+    window's maximum and its r indices; the indices concatenated; g copied; a scatter-add of g
+    into the zeros at the indices. In shards of x (|x|) and of g (|g|), itemsize b, index
+    itemsize 4::
+
+        iotas, zeros:   r · 4|x|  +  b|x|                       (written)
+        reduce-window:  (b + 4r)|x|  read,  (b + 4r)|g|  written
+        concatenate:    4r|g|  read and written;  copy of g: b|g| read and written
+        scatter:        b|x| read (zeros) and written,  (b + 4r)|g| read
+
+    The member's FLOPs run in the reduce-window. The result is written by the scatter.
+    """
+    m = node.members[i]
+    eqn = program.eqns[m.eqn]
+    g, x = eqn.inputs
+    (out,) = eqn.outputs
+    g_map, x_map = m.in_maps
+    rank = len(program.tensors[x].shape)
+    idx_x = INDEX_ITEMSIZE / program.tensors[x].itemsize  # an s32 array shaped as x, in x's
+    idx_g = INDEX_ITEMSIZE / program.tensors[g].itemsize
+    index_kernels = [Kernel((), (), (), False, extra=((x, x_map, idx_x),)) for _ in range(rank)]
+    zeros = Kernel((), (), (), False, extra=((out, m.out_maps[0], 1.0),))
+    window = Kernel(
+        (i,), (), (), False, extra=((x, x_map, 1 + rank * idx_x), (g, g_map, 1 + rank * idx_g))
+    )
+    concat = Kernel((), (), (), False, extra=((g, g_map, 2 * rank * idx_g),))
+    copy = Kernel((), (), (), False, extra=((g, g_map, 2.0),))
+    scatter = Kernel(
+        (),
+        (),
+        ((out, m.out_maps[0]),),
+        False,
+        extra=((out, m.out_maps[0], 1.0), (g, g_map, 1 + rank * idx_g)),
+    )
+    return (*index_kernels, zeros, window, concat, copy, scatter)
+
+
+def _writes(
+    program: Program, node: Node, group: Sequence[int], own: set[int], rules: FusionRules
+) -> dict[int, DimMap]:
+    """The tensors the members ``group`` (equations ``own``) write: program results, and what
+    is read outside them and not recomputed there (`_read_outside`)."""
+    index = _index(program)
+    writes: dict[int, DimMap] = {}
+    for i in group:
+        m = node.members[i]
+        for t, mp in zip(program.eqns[m.eqn].outputs, m.out_maps, strict=True):
+            if t in index.results or (
+                not recomputed(program, t, rules) and _read_outside(program, t, own, rules)
+            ):
+                writes.setdefault(t, mp)
+    return writes
+
+
+def _cones(
+    program: Program, node: Node, group: Sequence[int], writes: dict[int, DimMap], multi: bool
+) -> list[tuple[set[int], tuple[tuple[int, DimMap], ...]]]:
+    """The kernels of the members ``group`` that write ``writes``: (members, their writes).
+
+    Each written tensor is computed by the members feeding it through the group's members
+    (`_feeding`); members feeding none run inside their readers' kernels elsewhere (a loss's
+    forward exponentials and its backward gradient in one elementwise node). With multi-output
+    fusion (``multi``: XLA:GPU/TPU) one kernel writes them all, reading a shared operand once;
+    without it (XLA:CPU) each written tensor is a loop fusion of its own that reads what it
+    needs, a tensor another one writes included (Adam's two moments each read the gradient).
+    """
+    if multi:
+        return [(_feeding(program, node, group, set(writes)), tuple(writes.items()))]
+    eqns = program.eqns
+    maker = {t: i for i in group for t in eqns[node.members[i].eqn].outputs}
+    by_member: dict[int, list[tuple[int, DimMap]]] = {}
+    for t, mp in writes.items():
+        by_member.setdefault(maker[t], []).append((t, mp))
+    stop = set(writes)
+    return [
+        (_feeding(program, node, group, {t for t, _ in ws}, stop), tuple(ws))
+        for ws in by_member.values()
+    ]
+
+
+def _feeding(
+    program: Program,
+    node: Node,
+    group: Sequence[int],
+    targets: set[int],
+    stop: set[int] = frozenset(),
+) -> set[int]:
+    """The members of ``group`` that compute a tensor in ``targets``, directly or through the
+    group's other members, not through a tensor in ``stop`` (read from memory)."""
+    eqns = program.eqns
+    maker = {t: i for i in group for t in eqns[node.members[i].eqn].outputs}
+    stack = [maker[t] for t in targets if t in maker]
+    needed = set(stack)
+    while stack:
+        for t in eqns[node.members[stack.pop()].eqn].inputs:
+            i = maker.get(t)
+            if i is not None and i not in needed and t not in stop:
+                needed.add(i)
+                stack.append(i)
+    return needed
 
 
 def _read_outside(program: Program, tid: int, own: set[int], rules: FusionRules) -> bool:
@@ -355,7 +498,7 @@ def _read_outside(program: Program, tid: int, own: set[int], rules: FusionRules)
 
 
 def _partial_access(
-    program: Program, node: Node, group: Sequence[int], rules: FusionRules
+    program: Program, node: Node, group: Sequence[int], rules: FusionRules, fusing: bool
 ) -> tuple[tuple[int, int, DimMap], ...]:
     """`Kernel.partial` of the members ``group``: for each indexing member (`PARTIAL_ACCESS`),
     the tensors it reads for its operand, and in place its result, bounded by the result's or
@@ -369,7 +512,7 @@ def _partial_access(
         for k, (t, mp) in enumerate(zip(eqn.inputs, m.in_maps, strict=True)):
             if t is None or mp is None:
                 continue
-            sources = _sources(program, t, False, rules)
+            sources = _sources(program, t, fusing, rules)
             if access is not None and k == access[0]:
                 if access[1] < 0:
                     bound = (eqn.outputs[0], m.out_maps[0])

@@ -24,26 +24,52 @@ from .collectives import (
 from .configs import Spec, shard_count
 from .hardware.mesh_model import MeshAxes
 
-SLICE = "slice"  # a free local slice: no communication
+SLICE = "slice"  # a local slice: no communication, one kernel (`local_priced`)
 
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One collective (or free local slice) of a reshard path."""
+    """One collective (or local slice) of a reshard path, and the local kernels it runs."""
 
     kind: str  # SLICE, ALL_GATHER or ALL_TO_ALL
     axis: int  # mesh axis index
     before: Spec
     after: Spec
-    nbytes: float  # bytes sent per device (ring accounting)
+    nbytes: float  # bytes sent per device (ring accounting; 0 for a slice)
+    local: float = 0.0  # bytes its local kernels read and write (`local_kernels`)
+    kernels: int = 0  # its local kernels
+
+
+def local_kernels(kind: str, dim: int, n: int, before: float, after: float) -> tuple[float, int]:
+    """(bytes read and written, kernels) of the local kernels of a step over ``n`` devices
+    that takes a tensor from a ``before``-byte shard to an ``after``-byte one, on tensor dim
+    ``dim`` (none when n = 1: nothing moves):
+
+    - a slice: XLA cuts the shard out with a dynamic slice that reads and writes it, 2·after
+      (a contraction reading it cannot fuse it);
+    - a collective on a dim other than the first: the collective runs on the dim it moves
+      made the most major, so XLA copies the shard into that layout before it and the result
+      back after it, 2·before + 2·after, two kernels (`bench/results/compute_fidelity.md`:
+      XLA:CPU's layout copies around gathers; NCCL gathers and scatters the major dim too);
+    - a collective on the first dim: none.
+    """
+    if n == 1:
+        return 0.0, 0
+    if kind == SLICE:
+        return 2 * after, 1
+    if dim > 0:
+        return 2 * before + 2 * after, 2
+    return 0.0, 0
 
 
 def _is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) <= len(b) and b[: len(a)] == a
 
 
-def _free_slices(cur: list[tuple[int, ...]], dst: Spec, steps: list[Step]) -> bool:
-    """Append the free slices available now (an unused axis the target puts next on a dim)."""
+def _free_slices(
+    cur: list[tuple[int, ...]], dst: Spec, steps: list[Step], nbytes: float, sizes: tuple[int, ...]
+) -> bool:
+    """Append the local slices available now (an unused axis the target puts next on a dim)."""
     used = {a for axes in cur for a in axes}
     progressed = False
     for d in range(len(dst)):
@@ -54,7 +80,11 @@ def _free_slices(cur: list[tuple[int, ...]], dst: Spec, steps: list[Step]) -> bo
             before = tuple(cur)
             cur[d] = cur[d] + (a,)
             used.add(a)
-            steps.append(Step(SLICE, a, before, tuple(cur), 0.0))
+            after = nbytes / shard_count(tuple(cur), sizes)
+            local, kernels = local_kernels(
+                SLICE, d, sizes[a], nbytes / shard_count(before, sizes), after
+            )
+            steps.append(Step(SLICE, a, before, tuple(cur), 0.0, local, kernels))
             progressed = True
     return progressed
 
@@ -104,7 +134,7 @@ def reshard_path(nbytes: int, src: Spec, dst: Spec, sizes: tuple[int, ...]) -> t
     for _ in range(4 * len(sizes) + 2):
         if tuple(cur) == dst:
             break
-        if _free_slices(cur, dst, steps):
+        if _free_slices(cur, dst, steps, nbytes, sizes):
             continue
         d, a, to = _axis_to_move(cur, dst)
         before = tuple(cur)
@@ -112,17 +142,35 @@ def reshard_path(nbytes: int, src: Spec, dst: Spec, sizes: tuple[int, ...]) -> t
         cur[d] = cur[d][:-1]
         if to is not None:
             cur[to] = cur[to] + (a,)
-            steps.append(Step(ALL_TO_ALL, a, before, tuple(cur), all_to_all_bytes(buf, sizes[a])))
+            local, kernels = local_kernels(ALL_TO_ALL, d, sizes[a], buf, buf)
+            sent = all_to_all_bytes(buf, sizes[a])
+            steps.append(Step(ALL_TO_ALL, a, before, tuple(cur), sent, local, kernels))
         else:
             out = nbytes / shard_count(tuple(cur), sizes)
-            steps.append(Step(ALL_GATHER, a, before, tuple(cur), all_gather_bytes(out, sizes[a])))
+            local, kernels = local_kernels(ALL_GATHER, d, sizes[a], buf, out)
+            sent = all_gather_bytes(out, sizes[a])
+            steps.append(Step(ALL_GATHER, a, before, tuple(cur), sent, local, kernels))
     if tuple(cur) != dst:
         raise AssertionError(f"reshard_path did not converge: {src} -> {dst}")
     return tuple(steps)
 
 
+def local_priced(mesh: MeshAxes, objective: str) -> bool:
+    """Whether a reshard's local kernels (`local_kernels`) cost time: under "time"/"overlap"
+    on a mesh whose memory bandwidth is known (they send nothing)."""
+    return objective != "comm" and mesh.mem_bandwidth > 0
+
+
+def local_time(step: Step, mesh: MeshAxes) -> float:
+    """Seconds of a step's local kernels: kernels · overhead + bytes / memory bandwidth."""
+    if not step.kernels:
+        return 0.0
+    return step.kernels * mesh.kernel_overhead + step.local / mesh.mem_bandwidth
+
+
 def step_time(step: Step, mesh: MeshAxes) -> float:
-    """t_X of one step: `transfer_time` on its mesh axis's link (0 for a free slice)."""
+    """t_X of one step's collective: `transfer_time` on its mesh axis's link (0 for a slice;
+    its local kernels apart: `local_time`)."""
     if step.kind == SLICE:
         return 0.0
     a = step.axis
@@ -136,18 +184,42 @@ def reshard_linear(
     """`_reshard_linear` of the layouts with the dims whole in both dropped: they change neither
     the path nor any buffer's size, and many layout pairs of different ranks then share one
     cache entry."""
-    if len(src) == len(dst):
-        kept = [d for d in range(len(src)) if src[d] or dst[d]]
+    if len(src) == len(dst):  # the first dim stays: collectives on it need no layout copies
+        kept = [d for d in range(len(src)) if d == 0 or src[d] or dst[d]]
         if len(kept) < len(src):
             src, dst = tuple(src[d] for d in kept), tuple(dst[d] for d in kept)
     return _reshard_linear(src, dst, mesh, objective, gathers_free)
 
 
-def priced_steps(steps: Sequence[Step], gathers_free: bool = False) -> list[Step]:
-    """The steps of a path that move bytes: not its free slices and, with ``gathers_free`` (a
-    uniform tensor, `buffers.uniform_tensors`: one constant in every element), not its
-    all-gathers, which XLA turns into broadcasts (its all-to-alls stay)."""
-    return [s for s in steps if s.kind != SLICE and not (gathers_free and s.kind == ALL_GATHER)]
+def priced_steps(
+    steps: Sequence[Step], gathers_free: bool = False, local: bool = False
+) -> list[Step]:
+    """The steps of a path that cost: its collectives, and its slices where ``local``
+    (`local_priced`). With ``gathers_free`` (a uniform tensor, `buffers.uniform_tensors`: one
+    constant in every element) neither its all-gathers, which XLA turns into broadcasts, nor
+    its slices (a smaller broadcast); its all-to-alls stay."""
+    return [
+        s
+        for s in steps
+        if not (s.kind == SLICE and (gathers_free or not local))
+        and not (gathers_free and s.kind == ALL_GATHER)
+    ]
+
+
+def step_terms(step: Step, mesh: MeshAxes, comm: bool, local: bool) -> tuple[float, float]:
+    """(fixed, per-byte) of one priced step of a 1-byte tensor's path: the α and β terms of
+    `step_time`, then those of `local_time` where ``local`` (bytes sent alone under "comm")."""
+    if comm:
+        return 0.0, step.nbytes
+    fixed, per_byte = 0.0, 0.0
+    if step.kind != SLICE:
+        a = step.axis
+        fixed = mesh.latency[a] * ring_steps(step.kind, mesh.sizes[a])
+        per_byte = step.nbytes / mesh.bandwidth[a]
+    if local and step.kernels:
+        fixed = fixed + step.kernels * mesh.kernel_overhead
+        per_byte = per_byte + step.local / mesh.mem_bandwidth
+    return fixed, per_byte
 
 
 @functools.lru_cache(maxsize=1 << 21)
@@ -157,15 +229,18 @@ def _reshard_linear(
     """(fixed, per_byte): a reshard of a B-byte tensor costs fixed + B · per_byte.
 
     The same sum as `step_time` over `reshard_path` (its `priced_steps`), split into its α and
-    β terms (every step's bytes are proportional to B): under "time" fixed = Σ latency ·
-    ring_steps and per_byte = Σ fraction / bandwidth; under "comm" only bytes count (fixed = 0,
-    per_byte = Σ fraction).
+    β terms (every step's bytes are proportional to B, `step_terms`): under "time" fixed = Σ
+    latency · ring_steps (+ overhead per local kernel) and per_byte = Σ fraction / bandwidth
+    (+ local bytes / memory bandwidth, `local_kernels`); under "comm" only bytes count
+    (fixed = 0, per_byte = Σ fraction).
     """
-    steps = priced_steps(reshard_path(1, src, dst, mesh.sizes), gathers_free)
-    if objective == "comm":
-        return 0.0, sum(s.nbytes for s in steps)
-    fixed = sum(mesh.latency[s.axis] * ring_steps(s.kind, mesh.sizes[s.axis]) for s in steps)
-    return fixed, sum(s.nbytes / mesh.bandwidth[s.axis] for s in steps)
+    local = local_priced(mesh, objective)
+    steps = priced_steps(reshard_path(1, src, dst, mesh.sizes), gathers_free, local)
+    terms = [step_terms(s, mesh, objective == "comm", local) for s in steps]
+    fixed, per_byte = 0.0, 0.0
+    for f, b in terms:
+        fixed, per_byte = fixed + f, per_byte + b
+    return fixed, per_byte
 
 
 # Dense tables of `reshard_linear` over every layout of a given rank, shared by every tensor of
@@ -198,6 +273,7 @@ def _walk_linear(
     fixed: float = 0
     per_byte: float = 0
     latency, bandwidth = mesh.latency, mesh.bandwidth
+    local = not comm and local_priced(mesh, "time")  # `local_kernels`, in `step_terms`' order
     for _ in range(4 * len(sizes) + 2):
         if cur == tgt:
             break
@@ -215,6 +291,9 @@ def _walk_linear(
                     prod *= sizes[a]
                     lc += 1
                     progressed = True
+                    if local and not gathers_free and sizes[a] > 1:
+                        fixed = fixed + (0.0 + mesh.kernel_overhead)
+                        per_byte = per_byte + (0.0 + 2 * (1 / prod) / mesh.mem_bandwidth)
         if progressed:
             continue
         want: dict[int, int] = {}  # axis -> first dim that wants it next
@@ -238,6 +317,7 @@ def _walk_linear(
         d, to = pick
         a = cur[d].pop()
         n = sizes[a]
+        before = 1 / prod
         if to is not None:  # all-to-all of the current buffer
             cur[to].append(a)
             nbytes = (n - 1) / n * (1 / prod) if n > 1 else 0.0
@@ -250,8 +330,11 @@ def _walk_linear(
         if comm:
             per_byte = per_byte + nbytes
         else:
-            fixed = fixed + latency[a] * ((n - 1) if n > 1 else 0)
-            per_byte = per_byte + nbytes / bandwidth[a]
+            f, b = latency[a] * ((n - 1) if n > 1 else 0), nbytes / bandwidth[a]
+            if local and d > 0 and n > 1:  # layout copies around it
+                f = f + 2 * mesh.kernel_overhead
+                b = b + (2 * before + 2 * (1 / prod)) / mesh.mem_bandwidth
+            fixed, per_byte = fixed + f, per_byte + b
     if cur != tgt:
         raise AssertionError(f"reshard_path did not converge: {src} -> {dst}")
     return (0.0 if comm else fixed), per_byte
@@ -277,6 +360,7 @@ def _walk_batch(
     sizes = np.asarray(mesh.sizes, dtype=np.int64)
     latency = np.asarray(mesh.latency, dtype=np.float64)
     bandwidth = np.asarray(mesh.bandwidth, dtype=np.float64)
+    local = not comm and local_priced(mesh, "time")  # `local_kernels`, as `_walk_linear`
     k, base, total = len(sizes), rank + 1, len(src)
     # int32 where a dim's code fits it: less memory traffic, faster division
     dtype = np.int32 if (k + 1) ** (k + 1) < 2**31 else np.int64
@@ -331,6 +415,10 @@ def _walk_batch(
                 used[idx] |= np.left_shift(1, a)
                 prod[idx] *= sizes[a]
                 progressed[idx] = True
+                if local and not gathers_free:
+                    big = idx[sizes[a] > 1]
+                    fixed[big] = fixed[big] + (0.0 + mesh.kernel_overhead)
+                    per_byte[big] = per_byte[big] + (0.0 + 2 * (1 / prod[big]) / mesh.mem_bandwidth)
         mv = np.nonzero(~progressed)[0]
         if not len(mv):
             continue
@@ -355,6 +443,7 @@ def _walk_batch(
             raise AssertionError("reshard_path stuck")
         dest = np.where(pick_to >= 0, to[rows, chosen], -1)
         a = last[rows, chosen]
+        before = 1 / prod[mv]
         ln = lcm[rows, chosen] - 1
         cc[mv, chosen] = c[rows, chosen] % pw[ln]
         lc[mv, chosen] = ln
@@ -371,8 +460,14 @@ def _walk_batch(
         if comm:
             per_byte[mv] = per_byte[mv] + nbytes
         else:
-            fixed[mv] = fixed[mv] + latency[a] * np.where(charged, n - 1, 0)
-            per_byte[mv] = per_byte[mv] + nbytes / bandwidth[a]
+            f = latency[a] * np.where(charged, n - 1, 0)
+            b = nbytes / bandwidth[a]
+            if local:  # layout copies around a priced collective on a dim past the first
+                copied = charged & (chosen > 0)
+                f = np.where(copied, f + 2 * mesh.kernel_overhead, f)
+                b = np.where(copied, b + (2 * before + 2 * (1 / prod[mv])) / mesh.mem_bandwidth, b)
+            fixed[mv] = fixed[mv] + f
+            per_byte[mv] = per_byte[mv] + b
     if len(ids):
         raise AssertionError("reshard_path did not converge")
     return (np.zeros(total) if comm else out_fixed), out_per
@@ -386,14 +481,19 @@ def _canonical(
     A dim with the same axes in both layouts is never touched by the walk (nothing leaves or
     enters it), and its axes are wanted nowhere else: they are dropped, their sizes' product
     kept as ``held`` (buffer sizes). Dims then empty in both are dropped, the others renumbered
-    in order (as `reshard_linear` drops dims whole in both). Works on each dim's axes as a
-    bitmask (`_dim_masks`)."""
+    in order (as `reshard_linear` drops dims whole in both). The first dim (code dim 1: the
+    tensor's first, kept by every caller) stays: a collective on another dim copies layouts
+    (`local_kernels`). Works on each dim's axes as a bitmask (`_dim_masks`)."""
     masks = _dim_masks(rank, len(sizes))
     weight, held_of = _mask_tables(rank, tuple(sizes))
     ms, mt = masks[src], masks[dst]  # (pairs, dims): each dim's axes
     inert = (ms == mt) & (ms != 0)
+    if rank:
+        inert[:, 1] = False
     held = held_of[np.bitwise_or.reduce(np.where(inert, ms, 0), axis=1)]
     occupied = ((ms | mt) != 0) & ~inert
+    if rank:
+        occupied[:, 1] = True
     number = np.cumsum(occupied, axis=1) * occupied  # a kept dim's new number, from 1
     return (number * weight[ms]).sum(axis=1), (number * weight[mt]).sum(axis=1), held
 
@@ -514,7 +614,7 @@ class LinearTables:
         rank = len(src_specs[0])
         if any(len(s) != rank for s in (*src_specs, *dst_specs)):
             return None
-        kept = [d for d in range(rank) if any(s[d] for s in (*src_specs, *dst_specs))]
+        kept = [d for d in range(rank) if d == 0 or any(s[d] for s in (*src_specs, *dst_specs))]
         size = (len(kept) + 1) ** len(self.sizes)
         if size > DENSE_LAYOUTS:
             return None

@@ -44,9 +44,11 @@ from .graph import BACKWARD, FORWARD, UPDATE, Program
 from .nodes import Node, NodeGraph
 from .reshard import (
     linear_tables,
+    local_priced,
     priced_steps,
     reshard_linear,
     reshard_path,
+    step_terms,
 )
 from .rules import DimMap
 from .search import Problem
@@ -208,19 +210,15 @@ class SharedReshards:
     def _step_parts(
         self, src: Spec, dst: Spec, gathers_free: bool
     ) -> dict[tuple[Spec, Spec], tuple[float, float]]:
-        """(before, after) -> (fixed, per-byte) cost of each collective step of the path src ->
-        dst, the α and β terms of `reshard.step_time` (bytes only under "comm");
+        """(before, after) -> (fixed, per-byte) cost of each priced step of the path src -> dst
+        (`reshard.step_terms`: the α and β terms of `reshard.step_time`, bytes only under "comm");
         ``gathers_free``: of a uniform tensor (`reshard.priced_steps`)."""
-        mesh, comm = self.reshards.params.mesh, self.reshards.params.objective == "comm"
-        out = {}
-        for step in priced_steps(reshard_path(1, src, dst, mesh.sizes), gathers_free):
-            a = step.axis
-            if comm:
-                out[(step.before, step.after)] = (0.0, step.nbytes)
-            else:
-                fixed = mesh.latency[a] * ring_steps(step.kind, mesh.sizes[a])
-                out[(step.before, step.after)] = (fixed, step.nbytes / mesh.bandwidth[a])
-        return out
+        mesh, objective = self.reshards.params.mesh, self.reshards.params.objective
+        local = local_priced(mesh, objective)
+        return {
+            (step.before, step.after): step_terms(step, mesh, objective == "comm", local)
+            for step in priced_steps(reshard_path(1, src, dst, mesh.sizes), gathers_free, local)
+        }
 
     def _pattern(self, src_specs: list[Spec], dst_specs: list[list[Spec]], gathers_free: bool):
         """(fixed, per_byte) arrays over (source layout, reader 1 layout, ...).

@@ -377,6 +377,82 @@ def test_xla_cpu_copies_a_kernel_gradients_operands_first():
     assert forward is not kernel_grad
 
 
+@pytest.mark.oracle
+def test_xla_cpu_writes_each_result_of_an_elementwise_node_from_a_fusion_of_its_own():
+    """AdamW's update of one weight: XLA:CPU makes one loop fusion per result (μ', ν', then
+    the weight from both), so the gradient is read twice; the prediction under CPU rules
+    (`FusionRules.multi_output` false, `kernels._cones`) equals the compiled program's cost
+    analysis. Under accelerator rules one multi-output kernel reads it once."""
+    import jax
+    import optax
+
+    from jaxpar.cost import node_work
+    from jaxpar.kernels import ACCELERATOR_FUSION, CPU_FUSION
+    from jaxpar.nodes import build_nodes
+    from jaxpar.trace import trace
+
+    opt = optax.adamw(1e-3)
+
+    def update(p, g, mu, nu):
+        state = opt.init(p)
+        state = (optax.ScaleByAdamState(state[0].count, mu, nu), *state[1:])
+        u, state = opt.update(g, state, p)
+        return optax.apply_updates(p, u), state[0].mu, state[0].nu
+
+    args = [jax.ShapeDtypeStruct((64, 32), "float32")] * 4
+    ng = build_nodes(trace(update, tuple(args))[0])
+
+    def predicted(rules):
+        params = dataclasses.replace(_params(sizes=(1,)), fusion=rules)
+        return sum(float(node_work(ng, n, [(-1,)], params).nbytes[0]) for n in ng.nodes)
+
+    analysis = jax.jit(update).lower(*args).compile().cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    assert predicted(CPU_FUSION) == pytest.approx(analysis["bytes accessed"], rel=1e-3)
+    weight = 64 * 32 * 4
+    # the gradient once more, and the step count's scalars
+    assert predicted(CPU_FUSION) - predicted(ACCELERATOR_FUSION) == pytest.approx(weight, abs=16)
+
+
+# (input shape, window, strides) of a max pool
+POOL_CASES = [
+    ((2, 15, 15, 4), (1, 3, 3, 1), (1, 2, 2, 1)),  # AlexNet's overlapping pool
+    ((4, 8, 8, 16), (1, 2, 2, 1), (1, 2, 2, 1)),
+    ((3, 9, 7, 5), (1, 3, 3, 1), (1, 1, 1, 1)),
+    ((2, 33, 6), (1, 3, 1), (1, 2, 1)),  # rank 3
+]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize(("shape", "window", "strides"), POOL_CASES)
+def test_xla_cpu_expands_a_max_pool_gradient(shape, window, strides):
+    """A max pool's gradient (select_and_scatter_add) on XLA:CPU is its select-and-scatter
+    expansion: iotas, zeros, a variadic reduce-window, a concatenate, a copy and a scatter
+    (`kernels.expanded_select_and_scatter`). Its predicted bytes equal the compiled program's
+    cost analysis (within 0.1 %: XLA also counts a scalar); before, one kernel reading g and x
+    and writing the result was 7-9 times less."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxpar.cost import node_work
+    from jaxpar.kernels import CPU_FUSION
+
+    def pool(x):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, window, strides, "VALID")
+
+    def pool_grad(x, g):
+        return jax.vjp(pool, x)[1](g)[0]
+
+    x = jax.ShapeDtypeStruct(shape, "float32")
+    g = jax.eval_shape(pool, x)
+    ng = _tiny_program(pool_grad, shape, g.shape)
+    params = dataclasses.replace(_params(sizes=(1,)), fusion=CPU_FUSION)
+    predicted = sum(float(node_work(ng, n, [(-1,)], params).nbytes[0]) for n in ng.nodes)
+    analysis = jax.jit(pool_grad).lower(x, g).compile().cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    assert predicted == pytest.approx(analysis["bytes accessed"], rel=1e-3)
+
+
 # (lhs shape, rhs shape, ((lhs contracted, rhs contracted), (lhs batch, rhs batch)))
 DOT_CASES = [
     ((4, 8, 32), (32, 16), (((2,), (0,)), ((), ()))),  # forward x·W
@@ -564,6 +640,79 @@ def test_every_tensor_a_kernel_reads_is_written_or_an_input(name):
         assert not unwritten, (rules, [program.tensors[s].shape for s in unwritten])
 
 
+@pytest.mark.parametrize("name", ["gpt_small", "cnn", "llama_small", "alexnet"])
+def test_every_member_of_a_running_kernel_computes_what_it_writes(name):
+    """A kernel computes only what it writes: each member of a kernel that writes makes a
+    written tensor or an operand of a member that does. Members whose results are all
+    recomputed by kernels elsewhere run there (`kernels._feeding`): before, a loss's elementwise
+    node (its shifted exponentials and its gradient) read the gradient's operands in the kernel
+    that wrote only the sliced logits."""
+    import models
+    from jaxpar.kernels import ACCELERATOR_FUSION, CPU_FUSION, node_kernels
+    from jaxpar.nodes import build_nodes
+    from jaxpar.trace import trace
+
+    ex = models.get(name, small=True)
+    program, _ = trace(ex.step, ex.args)
+    ng = build_nodes(program)
+    idle = 0
+    for rules in (ACCELERATOR_FUSION, CPU_FUSION):
+        for node in ng.nodes:
+            for kernel in node_kernels(ng, node, rules):
+                if not kernel.runs:
+                    idle += 1
+                    continue
+                if kernel.extra:  # an expansion's kernel: it writes arrays the program lacks
+                    continue
+                eqns = [program.eqns[node.members[i].eqn] for i in kernel.members]
+                used = {t for t, _ in kernel.writes} | {t for e in eqns for t in e.inputs}
+                for e in eqns:
+                    assert used & set(e.outputs), (rules, e.primitive, e.name_stack)
+    assert idle  # the check saw kernels that run inside others
+
+
+def test_a_sliced_cross_entropy_reads_the_logits_once_per_pass_on_gpu():
+    """grad of −mean log_softmax((h @ W)[:, :-1])[labels] on GPU rules: the slice and the
+    exponentials run inside the reductions (max, Σexp), the one-hot scatter updates a zero
+    buffer in place, and the gradient is computed once, inside the pad that feeds the weight
+    gradient: 5 logits-sized reads (max, Σexp, Σ of the one-hot gradient, the pad's two) and 2
+    writes (the zeros, the pad), the traffic an H100 profile of GPT-2's loss shows
+    (`bench/results/layer_compute_repriced.md`). Before, the slice was written and read back,
+    and kernels that wrote other tensors also read the gradient's operands: 7 reads."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxpar.kernels import ACCELERATOR_FUSION, node_kernels
+
+    b, s, d, v = 2, 9, 4, 64
+
+    def grad_of_loss(h, w, labels):
+        def loss(w):
+            logits = (h @ w)[:, :-1]
+            logp = jax.nn.log_softmax(logits)
+            picked = jnp.take_along_axis(logp, labels[..., None].astype(jnp.int32), axis=-1)
+            return -picked.mean()
+
+        return jax.grad(loss)(w)
+
+    ng = _tiny_program(grad_of_loss, (b, s, d), (d, v), (b, s - 1))
+    T = ng.program.tensors
+    logits = b * (s - 1) * v
+    reads, writes = [], []
+    for node in ng.nodes:
+        for k in node_kernels(ng, node, ACCELERATOR_FUSION):
+            if k.contraction or not k.runs:
+                continue
+            prims = tuple(ng.program.eqns[node.members[i].eqn].primitive for i in k.members)
+            partial = {t for t, _, _ in k.partial}
+            reads += [prims] * sum(T[x].size >= logits and x not in partial for x, _, _ in k.reads)
+            writes += [prims] * sum(T[t].size >= logits and t not in partial for t, _ in k.writes)
+    assert sorted(reads) == sorted(
+        [("reduce_max",), ("reduce_sum",), ("reduce_sum",), ("pad",), ("pad",)]
+    ), reads
+    assert sorted(writes) == sorted([("broadcast_in_dim",), ("pad",)]), writes
+
+
 def test_gpu_duplicates_a_producer_only_where_recomputing_reads_less():
     """XLA:GPU recomputes an elementwise result in each of its fusing readers when that reads
     no more than writing it once and reading it back would: exp(x) read by two reductions is
@@ -586,3 +735,65 @@ def test_gpu_duplicates_a_producer_only_where_recomputing_reads_less():
         made = next(e for e in program.eqns if e.primitive in ("exp", "add") and
                     len(program.consumers().get(e.outputs[0], [])) == 2)  # fmt: skip
         assert recomputed(program, made.outputs[0], ACCELERATOR_FUSION) is expected, fn
+
+
+def test_a_reshard_prices_its_local_kernels():
+    """`reshard.local_kernels`: a local slice is a kernel that reads and writes the new shard
+    (2·after bytes); a collective on a tensor dim past the first runs between two layout
+    copies (2·before + 2·after bytes, two kernels); on the first dim, none. Under "time" each
+    costs kernels · overhead + bytes / memory bandwidth; under "comm" nothing."""
+    from jaxpar.hardware import Cluster
+    from jaxpar.hardware.mesh_model import mesh_axes
+    from jaxpar.reshard import SLICE, reshard_linear, reshard_path
+
+    mesh = mesh_axes(Cluster.preset("dgx-h100", devices=8), ("d",), (8,), None)
+    whole, first, second = ((), ()), ((0,), ()), ((), (0,))
+    b = 8192.0
+    (cut,) = reshard_path(b, whole, second, mesh.sizes)
+    assert (cut.kind, cut.local, cut.kernels, cut.nbytes) == (SLICE, 2 * b / 8, 1, 0.0)
+    (late,) = reshard_path(b, second, whole, mesh.sizes)
+    assert (late.local, late.kernels) == (2 * b / 8 + 2 * b, 2)
+    (early,) = reshard_path(b, first, whole, mesh.sizes)
+    assert (early.local, early.kernels) == (0.0, 0) and early.nbytes == late.nbytes
+    fixed0, per0 = reshard_linear(first, whole, mesh, "time")
+    fixed1, per1 = reshard_linear(second, whole, mesh, "time")
+    assert fixed1 - fixed0 == pytest.approx(2 * mesh.kernel_overhead)
+    assert per1 - per0 == pytest.approx((2 / 8 + 2) / mesh.mem_bandwidth)
+    fixed, per = reshard_linear(whole, second, mesh, "time")
+    assert (fixed, per) == pytest.approx((mesh.kernel_overhead, 2 / 8 / mesh.mem_bandwidth))
+    assert reshard_linear(whole, second, mesh, "comm") == (0.0, 0.0)
+    assert reshard_linear(second, whole, mesh, "comm") == reshard_linear(first, whole, mesh, "comm")
+
+
+@pytest.mark.oracle
+def test_xla_copies_the_result_of_a_gather_on_a_dim_past_the_first():
+    """XLA:CPU runs an all-gather on the dim it moves made the most major: gathering dim 1 of a
+    (32, 64) tensor over 8 devices, its program copies the result back (2 · 8 KB more bytes
+    than gathering dim 0). The model's copies (`reshard.local_kernels`) are that plus the copy
+    before the gather, which XLA fuses here into the elementwise producer: at least XLA's
+    difference, at most 2·before more."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jaxpar.reshard import reshard_path
+
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+
+    def compiled_bytes(spec):
+        def f(x):
+            y = jax.lax.with_sharding_constraint(x * 2.0, NamedSharding(mesh, spec))
+            return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P())) @ jnp.ones(
+                (64, 64)
+            )
+
+        x = jax.ShapeDtypeStruct((32, 64), jnp.float32, sharding=NamedSharding(mesh, spec))
+        analysis = jax.jit(f).lower(x).compile().cost_analysis()
+        return (analysis[0] if isinstance(analysis, list) else analysis)["bytes accessed"]
+
+    xla = compiled_bytes(P(None, "d")) - compiled_bytes(P("d", None))
+    b = 32 * 64 * 4
+    assert xla == 2 * b
+    (step,) = reshard_path(b, ((), (0,)), ((), ()), (8,))
+    assert xla <= step.local <= xla + 2 * b / 8

@@ -180,6 +180,21 @@ def test_planned_loops_equal_the_unsharded_step(name, axes, x64):
 
 
 @pytest.mark.numerics
+@pytest.mark.parametrize("strategy", ["data", "owt"])
+def test_all_reduces_in_different_branches_of_a_cond_never_combine(strategy, x64):
+    """XLA combines all-reduces within one computation, and each branch of a cond is its own:
+    the gradient all-reduces of a three-branch cond stay apart per branch
+    (`Program.body_of` in the combiner's key). Before, the predicted count merged the
+    branches' all-reduces (3 predicted, 6 compiled)."""
+    fn, a, b = _case("cond2")
+    step = jaxpar.auto_shard(fn, mesh=jaxpar.make_mesh(MESHES[0]), strategy=strategy)
+    compiled = step.lower(a, b).compile()
+    check = fidelity(step.plan.collectives, compiled)
+    assert check.hlo_counts.get("all-reduce", 0) == 6
+    assert check.counts_ok() and check.predicted_counts == check.hlo_counts, check.text
+
+
+@pytest.mark.numerics
 def test_scanned_weights_shard_when_memory_demands_it(x64):
     """Under a budget below the replicated plan's peak, the stacked weights are stored sharded
     on their feature dims (the layer dim stays whole: every iteration slices it), and the step

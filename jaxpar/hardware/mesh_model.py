@@ -53,6 +53,9 @@ class MeshAxes:
     # seconds each kernel costs beyond its roofline, and the contraction saturation time.
     kernel_overhead: float = 0.0
     half_rate_time: float = 0.0
+    # bytes/s of the slowest device's memory: prices a reshard's local kernels (slices, layout
+    # copies: `reshard.local_priced`); 0: they are free
+    mem_bandwidth: float = 0.0
 
     @property
     def num_devices(self) -> int:
@@ -126,6 +129,7 @@ def mesh_axes(
             measured.append(a)
     merged = _merged_group_bandwidths(cluster, sizes, positions)
     overhead, half_rate = kernel_costs(cluster, positions)
+    _, mem_bandwidth = slowest_device(cluster, sizes, device_ids)
     return MeshAxes(
         names=names,
         sizes=sizes,
@@ -138,6 +142,7 @@ def mesh_axes(
         calibration=calibration,
         kernel_overhead=overhead,
         half_rate_time=half_rate,
+        mem_bandwidth=mem_bandwidth,
     )
 
 
