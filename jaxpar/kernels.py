@@ -46,6 +46,7 @@ RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES, "transpose", "
 PARTIAL_ACCESS = {
     "gather": (0, -1, False),  # -1: the result
     "dynamic_slice": (0, -1, False),
+    "slice": (0, -1, False),
     "scatter-add": (0, 2, True),
     "scatter_add": (0, 2, True),
     "scatter": (0, 2, True),
@@ -329,7 +330,7 @@ def node_kernels(
         if not writes:  # computed inside its readers' kernels
             kernels.append(Kernel(tuple(group), (), (), contraction))
             continue
-        cones = _cones(program, node, group, writes, rules.multi_output)
+        cones = _cones(program, node, group, writes, rules)
         computed = set().union(*(cone for cone, _ in cones))
         rest = tuple(i for i in group if i not in computed)
         if rest:  # members computing no write run inside their readers' kernels
@@ -433,29 +434,66 @@ def _writes(
 
 
 def _cones(
-    program: Program, node: Node, group: Sequence[int], writes: dict[int, DimMap], multi: bool
+    program: Program,
+    node: Node,
+    group: Sequence[int],
+    writes: dict[int, DimMap],
+    rules: FusionRules,
 ) -> list[tuple[set[int], tuple[tuple[int, DimMap], ...]]]:
     """The kernels of the members ``group`` that write ``writes``: (members, their writes).
 
-    Each written tensor is computed by the members feeding it through the group's members
-    (`_feeding`); members feeding none run inside their readers' kernels elsewhere (a loss's
-    forward exponentials and its backward gradient in one elementwise node). With multi-output
-    fusion (``multi``: XLA:GPU/TPU) one kernel writes them all, reading a shared operand once;
-    without it (XLA:CPU) each written tensor is a loop fusion of its own that reads what it
-    needs, a tensor another one writes included (Adam's two moments each read the gradient).
+    Each written tensor is computed by the members feeding it through the group's members,
+    up to what another of them writes (`_feeding`); members feeding none run inside their
+    readers' kernels elsewhere (a loss's forward exponentials and its backward gradient in one
+    elementwise node). Without multi-output fusion (XLA:CPU) each written tensor is a loop
+    fusion of its own that reads what it needs, a tensor another one writes included (Adam's
+    two moments each read the gradient). With it (`FusionRules.multi_output`: XLA:GPU/TPU)
+    they merge into one kernel, reading a shared operand once, where neither can depend on the
+    other's results: each reads from memory only tensors made before the other writes
+    (program order). A node's forward result and its backward gradient (attention's softmax,
+    a GELU) stay two kernels: the gradient reads a backward product made after the forward
+    one writes.
     """
-    if multi:
-        return [(_feeding(program, node, group, set(writes)), tuple(writes.items()))]
     eqns = program.eqns
     maker = {t: i for i in group for t in eqns[node.members[i].eqn].outputs}
     by_member: dict[int, list[tuple[int, DimMap]]] = {}
     for t, mp in writes.items():
         by_member.setdefault(maker[t], []).append((t, mp))
     stop = set(writes)
-    return [
+    cones = [
         (_feeding(program, node, group, {t for t, _ in ws}, stop), tuple(ws))
         for ws in by_member.values()
     ]
+    if not rules.multi_output or len(cones) == 1:
+        return cones
+    producer = _index(program).producer
+    made = set(maker)
+
+    def span(members: set[int], ws: tuple) -> tuple[int, int]:
+        """(last equation making what it reads from memory, first equation it writes from)."""
+        ready = max(
+            (
+                producer[s].index
+                for i in members
+                for t in eqns[node.members[i].eqn].inputs
+                if t is not None and t not in made
+                for s in _sources(program, t, True, rules)
+                if s in producer
+            ),
+            default=-1,
+        )
+        return ready, min(producer[t].index for t, _ in ws)
+
+    merged: list[tuple[set[int], tuple, int, int]] = []
+    for members, ws in sorted(cones, key=lambda c: min(c[0])):
+        ready, first = span(members, ws)
+        for k, (m, w, r, f) in enumerate(merged):
+            if ready < f and r < first:
+                merged[k] = (m | members, w + ws, max(r, ready), min(f, first))
+                break
+        else:
+            merged.append((members, ws, ready, first))
+    return [(m, w) for m, w, _, _ in merged]
 
 
 def _feeding(

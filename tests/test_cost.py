@@ -671,6 +671,32 @@ def test_every_member_of_a_running_kernel_computes_what_it_writes(name):
     assert idle  # the check saw kernels that run inside others
 
 
+@pytest.mark.parametrize("name", ["gpt_small", "cnn", "llama_small", "alexnet"])
+def test_every_kernel_reads_only_what_was_made_before_it_writes(name):
+    """A kernel runs at one point of the program: everything it reads from outside is made
+    before the first tensor it writes (program order), so no input of it can depend on its
+    own results. Multi-output fusion (GPU/TPU rules) merges a node's written results only
+    where that holds (`kernels._cones`): before, a softmax's forward probabilities and its
+    backward gradient, one node, were one kernel reading the backward product (6 such kernels
+    in the small GPT, 4 in the CNN)."""
+    import models
+    from jaxpar.kernels import ACCELERATOR_FUSION, CPU_FUSION, _index, node_kernels
+    from jaxpar.nodes import build_nodes
+    from jaxpar.trace import trace
+
+    ex = models.get(name, small=True)
+    program, _ = trace(ex.step, ex.args)
+    ng = build_nodes(program)
+    made = _index(program).producer
+    for rules in (ACCELERATOR_FUSION, CPU_FUSION):
+        for node in ng.nodes:
+            for kernel in node_kernels(ng, node, rules):
+                ins = [made[s].index for s, _, _ in kernel.reads if s in made]
+                outs = [made[t].index for t, _ in kernel.writes if t in made]
+                if ins and outs and kernel.members:  # (an operand's copy writes what it reads)
+                    assert max(ins) < min(outs), (rules, node.index, kernel)
+
+
 def test_a_sliced_cross_entropy_reads_the_logits_once_per_pass_on_gpu():
     """grad of −mean log_softmax((h @ W)[:, :-1])[labels] on GPU rules: the slice and the
     exponentials run inside the reductions (max, Σexp), the one-hot scatter updates a zero
