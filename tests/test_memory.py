@@ -43,10 +43,7 @@ KNOWN_MISSES = {  # (model, mesh, strategy, donated) -> band
     **{("cnn", m, "fsdp", True): (0.90, 1.11) for m in MESHES},  # 1.100-1.104
     # XLA places two reduced gradients on the heap that the model hosts in results
     **{("mlp", m, "data", False): (0.89, 1.10) for m in MESHES},  # 0.897
-    ("lenet5", "2x2x2", "auto", True): (0.90, 1.13),  # 1.120
-    # the model keeps four layer-norm intermediates per norm to the backward, XLA:CPU three
-    # and the norm's scale broadcast (materialized for its reduce fusions, ynn)
-    ("gpt_small", "2x2x2", "auto", False): (0.90, 1.14),  # 1.127
+    ("lenet5", "2x2x2", "auto", True): (0.90, 1.13),  # 1.127
 }
 
 
