@@ -284,8 +284,12 @@ def node_kernels(
 
     - A contraction anchor (`CONTRACTION_PRIMITIVES`) is a kernel of its own (a library call):
       it reads its operands and writes its results.
-    - Every other member (the elementwise followers and absorbed broadcasts; the anchor when it
-      is no contraction) is one fused kernel.
+    - The other members (the elementwise followers and absorbed broadcasts; the anchor when it
+      is no contraction) fuse into the kernels that write their results (`_cones`): one per
+      written result on XLA:CPU, merged into multi-output kernels on GPU/TPU where neither
+      depends on the other; members computing nothing written run in their readers' kernels.
+    - XLA:CPU expands a max pool's gradient into several kernels
+      (`expanded_select_and_scatter`).
     - A kernel reads each tensor it uses that is made outside it once, and writes each tensor it
       makes that is read outside it (directly, or by a reader recomputing a result made from
       it: `_read_outside`), or is a program result, once; tensors made and read inside it are
@@ -297,8 +301,8 @@ def node_kernels(
     - Scan carries, slices, stacks and cond merges (`graph.REGION_PRIMITIVES`) move no data.
     - A kernel holding a reduction with an earlier sibling in another kernel (`shared_reads`)
       does not read the tensors they share: the sibling's kernel reads them for both.
-    - Indexing touches part of a tensor (`PARTIAL_ACCESS`, `Kernel.partial`): a gather or
-      dynamic slice reads its result's worth of its operand; a scatter or dynamic update
+    - Indexing touches part of a tensor (`PARTIAL_ACCESS`, `Kernel.partial`): a gather, slice
+      or dynamic slice reads its result's worth of its operand; a scatter or dynamic update
       updates its operand in place, reading and writing its update's worth (XLA reuses the
       operand's buffer). A tensor the kernel also reads whole keeps its whole read.
     """
