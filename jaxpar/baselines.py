@@ -33,6 +33,7 @@ Pure.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,6 +50,13 @@ BASELINES = ("data", "model", "owt", "fsdp", "fsdp_tp")  # fixed rules, computed
 def _best_on_dim(configs: list[Config], dims: Sequence[int], sizes: Sequence[int]) -> int:
     """Index of the config putting the most devices on one of ``dims`` and nothing elsewhere
     (the first such; with no such config, the first replicated one, else 0)."""
+    return _best_on_dim_cached(tuple(configs), tuple(dims), tuple(sizes))
+
+
+@functools.lru_cache(maxsize=4096)  # repeated layers ask the same question thousands of times
+def _best_on_dim_cached(
+    configs: tuple[Config, ...], dims: tuple[int, ...], sizes: tuple[int, ...]
+) -> int:
     if not configs:
         return 0
     table = np.asarray(configs, dtype=np.int64).reshape(len(configs), len(sizes))
