@@ -342,40 +342,59 @@ def node_kernels(
         counted: set[int] = set()  # a member shared by two cones counts its FLOPs once
         for cone, cone_writes in cones:
             members = [i for i in group if i in cone]
-            made = {t for i in members for t in eqns[node.members[i].eqn].outputs}
-            reads: dict[int, tuple[int, DimMap]] = {}
-            for i in members:
-                m = node.members[i]
-                for t, mp in zip(eqns[m.eqn].inputs, m.in_maps, strict=True):
-                    if t is None or mp is None or t in made:
-                        continue
-                    for s in _sources(program, t, not contraction, rules):
-                        if s not in made:
-                            reads.setdefault(s, (t, mp))
-            skip = {
-                src
-                for i in members
-                for src, earlier in siblings.get(node.members[i].eqn, ())
-                if earlier not in own
-            }
-            partial = _partial_access(program, node, members, rules, not contraction)
             if contraction and rules.operand_copies:
-                anchor = node.members[members[0]]
-                for pos in copied_operands(program, eqns[anchor.eqn]):
-                    t, mp = eqns[anchor.eqn].inputs[pos], anchor.in_maps[pos]
-                    if mp is not None:  # reads the operand, writes its copy
-                        kernels.append(Kernel((), ((t, t, mp),), ((t, mp),), False))
-            kernels.append(
-                Kernel(
-                    tuple(i for i in members if i not in counted),
-                    tuple((s, t, mp) for s, (t, mp) in reads.items() if s not in skip),
-                    cone_writes,
-                    contraction,
-                    partial,
-                )
-            )
+                kernels += _operand_copies(program, node, members[0])
+            reads = _cone_reads(program, node, members, contraction, own, siblings, rules)
+            partial = _partial_access(program, node, members, rules, not contraction)
+            flops = tuple(i for i in members if i not in counted)
+            kernels.append(Kernel(flops, reads, cone_writes, contraction, partial))
             counted.update(members)
     return tuple(kernels)
+
+
+def _cone_reads(
+    program: Program,
+    node: Node,
+    members: Sequence[int],
+    contraction: bool,
+    own: set[int],
+    siblings: dict[int, tuple[tuple[int, int], ...]],
+    rules: FusionRules,
+) -> tuple[tuple[int, int, DimMap], ...]:
+    """`Kernel.reads` of a kernel of ``members``: what each reads from outside the kernel
+    (`_sources` of its operands; a contraction reads them as they are), once, less what an
+    earlier sibling reduction outside the node's ``own`` equations reads for it."""
+    eqns = program.eqns
+    made = {t for i in members for t in eqns[node.members[i].eqn].outputs}
+    reads: dict[int, tuple[int, DimMap]] = {}
+    for i in members:
+        m = node.members[i]
+        for t, mp in zip(eqns[m.eqn].inputs, m.in_maps, strict=True):
+            if t is None or mp is None or t in made:
+                continue
+            for s in _sources(program, t, not contraction, rules):
+                if s not in made:
+                    reads.setdefault(s, (t, mp))
+    skip = {
+        src
+        for i in members
+        for src, earlier in siblings.get(node.members[i].eqn, ())
+        if earlier not in own
+    }
+    return tuple((s, t, mp) for s, (t, mp) in reads.items() if s not in skip)
+
+
+def _operand_copies(program: Program, node: Node, anchor: int) -> list[Kernel]:
+    """The copy kernels of a contraction member's operands (`copied_operands`): each reads
+    the operand and writes its copy."""
+    m = node.members[anchor]
+    eqn = program.eqns[m.eqn]
+    return [
+        Kernel((), ((eqn.inputs[pos], eqn.inputs[pos], m.in_maps[pos]),),
+               ((eqn.inputs[pos], m.in_maps[pos]),), False)
+        for pos in copied_operands(program, eqn)
+        if m.in_maps[pos] is not None
+    ]  # fmt: skip
 
 
 def expanded_select_and_scatter(program: Program, node: Node, i: int) -> tuple[Kernel, ...]:
