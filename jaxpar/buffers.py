@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .graph import BACKWARD, FORWARD, UPDATE, phase_of
-from .kernels import copied_operands
+from .operand_layouts import copied_operands
 from .rules import ELEMENTWISE
 
 FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
@@ -145,7 +145,7 @@ def uniform_tensors(program) -> frozenset[int]:
 
 def transposed_operands(program) -> frozenset[tuple[int, int]]:
     """(equation, operand) of the contraction operands XLA:CPU reads through a transposed
-    copy (`kernels.copied_operands`)."""
+    copy (`operand_layouts.copied_operands`)."""
     return frozenset((e.index, pos) for e in program.eqns for pos in copied_operands(program, e))
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from .graph import REGION_PRIMITIVES, Equation, Program
 from .hardware.calibration import CONV, MATMUL
 from .nodes import Node, NodeGraph
+from .operand_layouts import copied_operands
 from .rules import ELEMENTWISE, DimMap
 
 # primitives priced by a calibration's throughput curves, and the curve kind of each
@@ -484,7 +485,7 @@ def _cones(
         by_member.setdefault(maker[t], []).append((t, mp))
     stop = set(writes)
     cones = [
-        (_feeding(program, node, group, {t for t, _ in ws}, stop), tuple(ws))
+        (_feeding(program, node, maker, {t for t, _ in ws}, stop), tuple(ws))
         for ws in by_member.values()
     ]
     if not rules.multi_output or len(cones) == 1:
@@ -520,16 +521,12 @@ def _cones(
 
 
 def _feeding(
-    program: Program,
-    node: Node,
-    group: Sequence[int],
-    targets: set[int],
-    stop: set[int] = frozenset(),
+    program: Program, node: Node, maker: dict[int, int], targets: set[int], stop: set[int]
 ) -> set[int]:
-    """The members of ``group`` that compute a tensor in ``targets``, directly or through the
-    group's other members, not through a tensor in ``stop`` (read from memory)."""
+    """The members (``maker``: tensor -> the group member making it) that compute a tensor in
+    ``targets``, directly or through the group's other members, not through a tensor in
+    ``stop`` (read from memory)."""
     eqns = program.eqns
-    maker = {t: i for i in group for t in eqns[node.members[i].eqn].outputs}
     stack = [maker[t] for t in targets if t in maker]
     needed = set(stack)
     while stack:
@@ -589,71 +586,6 @@ def _partial_access(
             else:
                 whole.update(sources)
     return tuple((t, b, mp) for t, (b, mp) in bounded.items() if t not in whole)
-
-
-def copied_operands(program: Program, eqn: Equation) -> tuple[int, ...]:
-    """Positions of the operands of ``eqn`` (a contraction) that XLA:CPU copies into another
-    layout before running it (`transposed_conv_operands`, `transposed_dot_operands`)."""
-    if eqn.primitive == "conv_general_dilated":
-        return transposed_conv_operands(program, eqn)
-    if eqn.primitive == "dot_general":
-        return transposed_dot_operands(program, eqn)
-    return ()
-
-
-def _reordered(program: Program, t: int, order: Sequence[int]) -> bool:
-    """Whether reading tensor ``t``'s dims in ``order`` moves data (dims of size 1 aside)."""
-    moved = [d for d in order if program.tensors[t].shape[d] != 1]
-    return moved != sorted(moved)
-
-
-def transposed_conv_operands(program: Program, eqn: Equation) -> tuple[int, ...]:
-    """Positions of the operands of ``eqn`` (a convolution) that XLA:CPU copies first.
-
-    Its convolution kernel takes the input as (batch, spatial..., feature) and the kernel as
-    (spatial..., in, out) in memory; an operand whose dimension numbers order its dims
-    otherwise (dims of size 1 aside) is copied into that order. The gradient of a kernel is
-    such a convolution of both a forward activation and an output gradient (batch is its
-    contracted dim), the gradient of an input one of the kernel (in and out swapped).
-    """
-    dn = eqn.params["dimension_numbers"]
-    lhs, rhs = dn.lhs_spec, dn.rhs_spec
-    wanted = ((lhs[0], *lhs[2:], lhs[1]), (*rhs[2:], rhs[1], rhs[0]))
-    return tuple(
-        pos
-        for pos, order in enumerate(wanted)
-        if eqn.inputs[pos] is not None and _reordered(program, eqn.inputs[pos], order)
-    )
-
-
-def transposed_dot_operands(program: Program, eqn: Equation) -> tuple[int, ...]:
-    """Positions of the operands of ``eqn`` (a dot_general) that XLA:CPU copies first.
-
-    XLA's dot decomposition brings every operand to (batch..., free..., contracted...) (lhs) or
-    (batch..., contracted..., free...) (rhs) and merges each group into one dim; its matmul
-    reads either order of the two merged dims, so a transpose is folded into the dot where
-    the operand needs no merging (at most one free and one contracted dim) and its batch dims
-    lead. Otherwise an operand stored in another order (dims of size 1 aside) is copied into
-    that order: the weight gradient ``x[B, S, d]ᵀ · dy[B, S, f]`` copies ``x``; attention's
-    ``einsum("bqhd,bkhd->bhqk")`` copies both (batch dims b, h do not lead). Read off XLA:CPU's
-    compiled programs (``copy_bitcast_fusion`` / ``transpose_copy_fusion`` before the dot).
-    """
-    (contract, batch) = eqn.params["dimension_numbers"]
-    out = []
-    for pos in (0, 1):
-        t = eqn.inputs[pos]
-        if t is None:
-            continue
-        rank = len(program.tensors[t].shape)
-        b, c = tuple(batch[pos]), tuple(contract[pos])
-        free = tuple(d for d in range(rank) if d not in b and d not in c)
-        if len(free) <= 1 and len(c) <= 1:
-            order = (*b, *sorted((*free, *c)))  # the dot reads either order of the two
-        else:
-            order = (*b, *free, *c) if pos == 0 else (*b, *c, *free)
-        if _reordered(program, t, order):
-            out.append(pos)
-    return tuple(out)
 
 
 def _moves_data(eqn: Equation) -> bool:

@@ -74,7 +74,8 @@ def test_reshape_maps_major_dims():
 
 PURE_CORE = (
     "graph", "opspace", "rules", "rules_indexing", "rules_loops", "nodes", "labels", "configs",
-    "collectives", "reshard", "kernels", "cost", "tables", "blocks", "combine", "overlap",
+    "collectives", "reshard", "operand_layouts", "kernels", "cost", "tables", "blocks", "combine",
+    "overlap",
     "search", "kcut", "baselines", "evaluate", "buffers", "memory", "held", "budget", "verify",
     "hlo_text", "hardware", "hardware.devices",
     "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
@@ -475,13 +476,14 @@ DOT_CASES = [
 @pytest.mark.oracle
 @pytest.mark.parametrize("lhs,rhs,dims", DOT_CASES)
 def test_xla_cpu_copies_the_dot_operands_its_decomposition_reorders(lhs, rhs, dims):
-    """`kernels.transposed_dot_operands` names the operands XLA:CPU's compiled program copies
-    into another layout before the dot (a layout-only fusion or copy reading the argument)."""
+    """`operand_layouts.transposed_dot_operands` names the operands XLA:CPU's compiled program
+    copies into another layout before the dot (a layout-only fusion or copy reading the
+    argument)."""
     import re
 
     import jax
 
-    from jaxpar.kernels import transposed_dot_operands
+    from jaxpar.operand_layouts import transposed_dot_operands
 
     def dot(a, b):
         return jax.lax.dot_general(a, b, dims)
