@@ -8,6 +8,7 @@ Pure: numpy only.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -37,6 +38,10 @@ EXPENSIVE = frozenset(
 # (the conversion fused into their producer) and its result is float32 until converted back.
 UPCAST_READERS = frozenset({"dot_general", "conv_general_dilated"})
 HALF_FLOATS = frozenset({"bfloat16", "float16"})
+# XLA:CPU hands a reduction over at least this many elements (per device) to YNNPACK, whose
+# fusion reads from memory an operand computed for other readers too; a smaller reduction is
+# a loop fusion that recomputes it (XLA's `IsInstructionPreferredByYnn`)
+YNN_MIN_ELEMENTS = 4096
 
 
 class Buffer(NamedTuple):
@@ -47,6 +52,9 @@ class Buffer(NamedTuple):
     dies: int  # its last reader
     phase: str
     tensor: int
+    # whether its last reader may write its result in place over it: not an all-reduced weight
+    # gradient that its update reads transposed (XLA keeps it in the heap)
+    in_place: bool = True
 
 
 def hosted_in_results(buffers: Sequence[Buffer], results: Sequence[tuple[float, int]]) -> set[int]:
@@ -59,9 +67,12 @@ def hosted_in_results(buffers: Sequence[Buffer], results: Sequence[tuple[float, 
     result is written where it is produced (near the step's end, by the update; a node's
     results by its first), so gradients and activations that die by then live in it at no cost.
     A buffer read last by the result's producer shares with it (an elementwise update in
-    place), as a gradient's partial sum does with its all-reduced sum. ``results``: (bytes,
-    equation writing it). Returns indices into ``buffers``. Measured against XLA:CPU's
-    assignment on steps whose state is not donated: tests/test_memory.py.
+    place), as a gradient's partial sum does with its all-reduced sum, unless it is not
+    `Buffer.in_place` (XLA all-reduces a dense kernel's gradient before its transpose, and the
+    update that reads it transposed keeps it in the heap). ``results``: (bytes, equation
+    writing it).
+    Returns indices into ``buffers``. Measured against XLA:CPU's assignment on steps whose
+    state is not donated: tests/test_memory.py.
     """
     if not results:
         return set()
@@ -75,13 +86,17 @@ def hosted_in_results(buffers: Sequence[Buffer], results: Sequence[tuple[float, 
     hosted = set()
     order = sorted(range(len(buffers)), key=lambda i: (-buffers[i][0], buffers[i][1]))
     for i in order:
-        size, born, dies, _, t = buffers[i]
+        size, born, dies, _, t, in_place = buffers[i]
         if dies > latest:
             continue
         for j in range(bisect.bisect_left(sizes, size * (1 - 1e-12)), len(slots)):
-            if dies > free_until[j] or any(
-                b <= dies and born <= d and not (u == t and (d == born or b == dies))
-                for b, d, u in taken[j]
+            if (
+                dies > free_until[j]
+                or (dies == free_until[j] and not in_place)
+                or any(
+                    b <= dies and born <= d and not (u == t and (d == born or b == dies))
+                    for b, d, u in taken[j]
+                )
             ):
                 continue
             taken[j].append((born, dies, t))
@@ -236,12 +251,15 @@ def after_sync(
     fused_into: Mapping[int, Sequence[int]],
     combine_at: Mapping[int, float],
     ready_after: float,
+    group_of: Mapping[int, int],
 ) -> dict[int, float]:
     """Equations that read a reduced gradient (directly or through a chain: its transpose, a
     cast, the optimizer's update) -> their position after the combined all-reduce, where XLA:CPU
     runs them: ``ready_after`` past the all-reduce (``combine_at``: gradient -> where its
-    combined all-reduce runs); what `scheduled_updates` fused into a moved update goes with it.
-    ``producer``: tensor -> the equation making it. Runs on every assignment priced."""
+    combined all-reduce runs), in program order; a parameter's update fusion (``group_of``:
+    equation -> its fusion, from `scheduled_updates`) runs whole at its first equation's place.
+    What `scheduled_updates` fused into a moved update goes with it. ``producer``: tensor ->
+    the equation making it. Runs on every assignment priced."""
     if not combine_at:
         return {}
     eqns = ng.program.eqns
@@ -250,6 +268,9 @@ def after_sync(
     synced = {ng.node_of_tensor[t]: at + ready_after for t, at in combine_at.items()}
     ready: dict[int, float] = {}  # tensor -> where it is ready, where later than made
     out: dict[int, float] = {}
+    first: dict[int, int] = {}  # update fusion -> its first equation
+    for i, g in group_of.items():
+        first[g] = min(first.get(g, i), i)
     for i in range(min(producer[t] for t in combine_at), len(eqns)):
         at = position[i]
         for t in eqns[i].inputs:
@@ -257,7 +278,7 @@ def after_sync(
                 at = max(at, synced.get(ng.node_of_tensor.get(t), -1), ready.get(t, -1))
         if at > position[i]:
             ready.update(dict.fromkeys(eqns[i].outputs, at))
-            out[i] = max(at, i)
+            out[i] = max(at, first[group_of[i]] if i in group_of else i)
     for i in sorted(fused_into, reverse=True):
         if any(j in out for j in fused_into[i]):
             out[i] = min(out.get(j, position[j]) for j in fused_into[i])
@@ -302,32 +323,64 @@ def update_fusions(program, phases: Sequence[str]) -> tuple[list[list[int]], fro
     return list(groups.values()), frozenset(free)
 
 
+class Recomputed(NamedTuple):
+    """`recomputed_in_backward`'s answer."""
+
+    kept: set[int]  # forward values stored for the backward pass
+    # value -> (the tensors its chain starts from, which the backward then reads instead;
+    # the backward equations that read it)
+    recomputed: dict[int, tuple[set[int], set[int]]]
+    # values whose chain broadcasts a computed value and that are recomputed only where they
+    # are small (below YNN_MIN_ELEMENTS per device: the backward's reduction fuses them)
+    spreading: frozenset[int]
+
+
 def recomputed_in_backward(
     program,
     node_of: Mapping[int, int],
     readers: Mapping[int, Sequence[int]],
     generated: frozenset[int],
-) -> tuple[set[int], dict[int, tuple[set[int], set[int]]]]:
-    """Which forward values XLA:CPU keeps for the backward pass, and which it recomputes there:
-    (kept, {value: (the tensors its elementwise chain starts from, which the backward then
-    reads instead; the backward equations that read it)}). ``readers``: tensor -> the
-    equations reading it; ``node_of``: tensor -> its planning node; ``generated``: the
-    program's `generated_tensors`.
+    small: frozenset[int] = frozenset(),
+) -> Recomputed:
+    """Which forward values XLA:CPU keeps for the backward pass, and which it recomputes there.
+    ``readers``: tensor -> the equations reading it; ``node_of``: tensor -> its planning
+    node; ``generated``: the program's `generated_tensors`; ``small``: the values under
+    YNN_MIN_ELEMENTS per device in the plan priced.
 
     XLA does not fuse across the forward/backward boundary, while `nodes` gives forward nodes
     elementwise followers from the backward pass (batch norm's gradient of ``mean(x**2)``
-    reads ``2 * x``). A forward elementwise value that backward equations read is recomputed
-    when they all fuse it, every tensor of its size its chain starts from is kept anyway, and
-    the chain neither broadcasts a computed value nor holds an op XLA does not duplicate
-    (`EXPENSIVE`); otherwise it is kept. Measured against XLA:CPU's buffer assignment
-    (docs/design.md, "Memory"): GELU's ``1 + tanh`` is recomputed from its kept ``tanh``,
-    batch norm's ``x - mean`` is kept. Values are decided in program order, each after those it
-    is computed from."""
+    reads ``2 * x``). XLA duplicates a cheap elementwise value into every reader that fuses
+    it, so a forward value that backward equations read is recomputed when they all fuse it
+    and its chain holds no op XLA does not duplicate (`EXPENSIVE`); the backward then reads
+    the tensors its chain starts from. A chain that broadcasts a computed value (batch norm's
+    ``x - mean``) is also read by a reduction of the backward pass (the scale's gradient): a
+    YNNPACK fusion that reads it from memory, unless it is small. Otherwise the value is kept.
+    Measured against XLA:CPU's buffer assignment (docs/design.md, "Memory"): GELU's
+    ``1 + tanh`` is recomputed from its kept ``tanh``; batch norm's ``2 * x`` from the
+    convolution's result, its ``x - mean`` kept at 16 images per device and recomputed at 2.
+    Values are decided in program order, each after those it is computed from. A value's
+    chain reaches further back where the values it starts from are recomputed, so the
+    ``spreading`` values are those of every plan: of the decisions with all of them small."""
+    decide = functools.partial(_decide_recompute, program, node_of, readers, generated)
+    spreading: frozenset[int] = frozenset()
+    while True:
+        more = spreading | decide(spreading).spreading
+        if more == spreading:
+            break
+        spreading = more
+    kept, recomputed, _ = decide(small)
+    return Recomputed(kept, recomputed, spreading)
+
+
+def _decide_recompute(program, node_of, readers, generated, small) -> Recomputed:
+    """`recomputed_in_backward`'s decisions for one set of ``small`` values."""
     producer = {t: e for e in program.eqns for t in e.outputs}
     forward = [phase_of(e.name_stack) == FORWARD for e in program.eqns]
     invars = set(program.invars)
     kept: set[int] = set()
     recomputed: dict[int, tuple[set[int], set[int]]] = {}
+    spreading: set[int] = set()
+    statistics = _statistics(program)
     for t in sorted(readers, key=lambda t: producer[t].index if t in producer else -1):
         e = producer.get(t)
         if e is None or t in generated or not forward[e.index]:
@@ -339,29 +392,40 @@ def recomputed_in_backward(
             kept.add(t)
             continue
         roots, chain = _chain_roots(program, t, node_of, producer, generated, kept)
-        size = program.tensors[t].nbytes
-        big = [r for r in roots - invars if program.tensors[r].nbytes >= size]
-        if (
-            big
-            and all(r in kept for r in big)
-            and all(program.eqns[at].primitive in FUSING_READERS for at in late)
-            and not any(_spreads(program, producer[x], generated) for x in chain)
-            and not any(producer[x].primitive in EXPENSIVE for x in chain)
-        ):
+        fused = all(program.eqns[at].primitive in FUSING_READERS for at in late)
+        cheap = not any(producer[x].primitive in EXPENSIVE for x in chain)
+        spread = {v for x in chain for v in _spread(program, producer[x], generated)}
+        if fused and cheap and spread:
+            if spread & statistics:  # a mean, not a bias
+                spreading.add(t)
+            fused = t in small
+        if fused and cheap:
             recomputed[t] = (roots - invars, late)
         else:
             kept.add(t)
-    return kept, recomputed
+    return Recomputed(kept, recomputed, frozenset(spreading))
 
 
-def _spreads(program, e, generated) -> bool:
-    """Whether ``e`` broadcasts a computed value (explicitly, or by an operand with fewer
-    elements than its result): XLA:CPU materializes such values rather than recompute them."""
+def _spread(program, e, generated) -> list[int]:
+    """The computed values ``e`` broadcasts (explicitly, or as an operand with fewer elements
+    than its result): XLA:CPU materializes values computed so rather than recompute them."""
     tensors = program.tensors
     computed = [t for t in e.inputs if t is not None and t not in generated and tensors[t].shape]
     if e.primitive == "broadcast_in_dim":
-        return bool(computed)
-    return any(tensors[t].size < tensors[e.outputs[0]].size for t in computed)
+        return computed
+    return [t for t in computed if tensors[t].size < tensors[e.outputs[0]].size]
+
+
+def _statistics(program) -> frozenset[int]:
+    """Reductions' results and what elementwise ops and views compute from them (a mean, a
+    variance's reciprocal square root; not a bias reshaped for its add)."""
+    out: set[int] = set()
+    for e in program.eqns:
+        if e.primitive.startswith("reduce_") or (
+            e.primitive in FUSIBLE | VIEWS and any(t in out for t in e.inputs)
+        ):
+            out.update(e.outputs)
+    return frozenset(out)
 
 
 def _chain_roots(program, t, node_of, producer, generated, kept) -> tuple[set[int], set[int]]:

@@ -27,8 +27,9 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
 - Tensors computed from no data (iotas, broadcast literals, masks made of them) are recomputed
   inside each elementwise reader, as XLA fuses them; only non-fusing readers store them.
 - XLA:CPU (``cpu``) does not fuse across the forward/backward boundary: a forward elementwise
-  value the backward pass reads is kept until then, or recomputed there from kept values when
-  its chain is cheap (`buffers.recomputed_in_backward`).
+  value the backward pass reads is kept until then, or recomputed there when its chain is cheap
+  (`buffers.recomputed_in_backward`; a chain broadcasting a statistic only where it is under
+  `buffers.YNN_MIN_ELEMENTS` per device, so each plan's sizes select its reads).
 - XLA:CPU (``cpu``) runs a convolution on (batch, spatial..., feature) inputs and (spatial...,
   in, out) kernels: a kernel gradient reads transposed copies of its stored activation and
   output gradient, made with them (an argument's at the step's start), an input gradient one
@@ -62,6 +63,7 @@ budget less `MODEL_MARGIN`. Pure: numpy only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 
@@ -74,6 +76,7 @@ from .buffers import (
     IN_PLACE,
     UPCAST_READERS,
     VIEWS,
+    YNN_MIN_ELEMENTS,
     Buffer,
     after_sync,
     combined_all_reduces,
@@ -248,36 +251,17 @@ class MemoryModel:
         self.phase_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].phase for e in program.eqns]
         self.label_of_eqn = [ng.nodes[ng.node_of_eqn[e.index]].label for e in program.eqns]
         self.fused_into: dict[int, list[int]] = {}  # update equation reading no computed value
+        self.update_group: dict[int, int] = {}  # update equation -> its fusion (on CPU)
         self.position = self._schedule() if self.cpu else list(range(self.n_eqns))
         # XLA:CPU merges remat's recomputations with the forward pass (`cse_after_barriers`):
         # their readers read the forward tensor, and the merged equations' own reads go
         merged = cse_after_barriers(program) if self.cpu else {}
-        merged = {t: f for t, f in merged.items() if t not in self.outvar_set}
-        gone = {e.index for e in program.eqns if e.outputs and all(t in merged for t in e.outputs)}
-        self.reads: dict[int, list[EdgeUse]] = {}
-        self.read_at: dict[EdgeUse, int] = {}
-        self.reads_twin: set[int] = set()  # forward tensors read in place of a recomputation
-        for u in inputs.uses:
-            if u.order[0] in gone:
-                continue
-            self.read_at[u] = self._read_position(u)
-            if u.tensor in merged:
-                self.reads_twin.add(merged[u.tensor])
-            self.reads.setdefault(merged.get(u.tensor, u.tensor), []).append(u)
+        self._merged = {t: f for t, f in merged.items() if t not in self.outvar_set}
         # results of contractions, reductions, gathers...: XLA fuses elementwise chains
         # (`nodes` groups them) but not into these producers, so they are buffers
         self.unfused = {t: e.primitive not in FUSIBLE for e in program.eqns for t in e.outputs}
         self.generated = generated_tensors(program)
-        self.kept_for_backward = self._recompute_in_backward() if self.cpu else set()
         self.transposed = transposed_operands(program) if self.cpu else frozenset()
-        # buffers read in a later phase, or inside a loop from outside it (live through it)
-        kept = [u for us in self.reads.values() for u in us]
-        self.long_lived = (
-            long_lived_tensors(ng, kept)
-            | {u.tensor for u in kept if self.read_at[u] > u.order[0]}
-            | {t for t in self.reads_twin if self._phase_of(t) == FORWARD}
-        )
-        self._statics: dict[int, tuple | None] = {}
         self._nbytes: dict[int, int] = {}
         self.invar_set = set(program.invars)
         # XLA:CPU makes the casts, transposes and reversals of parameters (a kernel reversed
@@ -294,6 +278,46 @@ class MemoryModel:
                 ):
                     ready.update(e.outputs)
                     self.from_params.update(e.outputs)
+        # the reads XLA's fusion leaves, per set of values small enough that a reduction
+        # recomputes them (`buffers.recomputed_in_backward`); the walk selects its plan's
+        self._read_sets: dict[frozenset[int], dict] = {}
+        self._small: frozenset[int] | None = None
+        self.spreading: frozenset[int] = frozenset()
+        self._select_reads(frozenset())
+
+    def _select_reads(self, small: frozenset[int]) -> None:
+        """Point the model at the reads (and what follows from them: which forward values are
+        kept, which buffers are long-lived, views, order) of a plan in which the values in
+        ``small`` are below `YNN_MIN_ELEMENTS` per device. Built once per set."""
+        if small == self._small:
+            return
+        if small not in self._read_sets:
+            self._read_sets[small] = self._reads_for(small)
+        vars(self).update(self._read_sets[small])
+        self._small = small
+
+    def _reads_for(self, small: frozenset[int]) -> dict:
+        ng, program, merged = self.inp.ng, self.inp.ng.program, self._merged
+        gone = {e.index for e in program.eqns if e.outputs and all(t in merged for t in e.outputs)}
+        self.reads: dict[int, list[EdgeUse]] = {}
+        self.read_at: dict[EdgeUse, int] = {}
+        self.reads_twin: set[int] = set()  # forward tensors read in place of a recomputation
+        for u in self.inp.uses:
+            if u.order[0] in gone:
+                continue
+            self.read_at[u] = self._read_position(u)
+            if u.tensor in merged:
+                self.reads_twin.add(merged[u.tensor])
+            self.reads.setdefault(merged.get(u.tensor, u.tensor), []).append(u)
+        self.kept_for_backward = self._recompute_in_backward(small) if self.cpu else set()
+        # buffers read in a later phase, or inside a loop from outside it (live through it)
+        kept = [u for us in self.reads.values() for u in us]
+        self.long_lived = (
+            long_lived_tensors(ng, kept)
+            | {u.tensor for u in kept if self.read_at[u] > u.order[0]}
+            | {t for t in self.reads_twin if self._phase_of(t) == FORWARD}
+        )
+        self._statics: dict[int, tuple | None] = {}
         # tensor -> the view of it that takes over its buffer (its only reader is the view)
         self.view_of: dict[int, int] = {}
         for e in program.eqns:
@@ -306,6 +330,8 @@ class MemoryModel:
                 self.view_of[src] = out
         # tensors in the order of their producing equations (a view after its operand)
         self.order = sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1))
+        names = ("reads", "read_at", "reads_twin", "kept_for_backward", "long_lived")
+        return {k: getattr(self, k) for k in (*names, "_statics", "view_of", "order")}
 
     def _schedule(self) -> list[int]:
         """Where each equation runs (`buffers.scheduled_updates`): the optimizer's as their
@@ -319,18 +345,22 @@ class MemoryModel:
                 last_read[u.tensor] = max(last_read.get(u.tensor, 0), at)
         made = self.producer_eqn
         writes = {made[t]: arg for t, arg in inp.feedback.items() if t in made}
-        position, _, self.fused_into = scheduled_updates(program, phases, last_read, writes)
+        position, self.update_group, self.fused_into = scheduled_updates(
+            program, phases, last_read, writes
+        )
         return position
 
-    def _recompute_in_backward(self) -> set[int]:
+    def _recompute_in_backward(self, small: frozenset[int]) -> set[int]:
         """The forward values XLA:CPU keeps for the backward pass (`recomputed_in_backward`);
         the backward reads of those it recomputes become reads of their chains' roots."""
         ng = self.inp.ng
         end = self.end
         readers = {t: [u.order[0] for u in us if u.order[0] < end] for t, us in self.reads.items()}
-        kept, recomputed = recomputed_in_backward(
-            ng.program, ng.node_of_tensor, readers, self.generated
+        kept, recomputed, spreading = recomputed_in_backward(
+            ng.program, ng.node_of_tensor, readers, self.generated, small
         )
+        if not small:
+            self.spreading = spreading
         for t, (roots, late_eqns) in recomputed.items():
             late = [u for u in self.reads[t] if u.order[0] in late_eqns]
             self.reads[t] = [u for u in self.reads[t] if u.order[0] not in late_eqns]
@@ -413,6 +443,14 @@ class MemoryModel:
         for t in program.outvars:
             if t is not None:
                 out_specs[t] = spec[inp.feedback[t]] if t in inp.feedback else spec.get(t, ())
+        tensors = program.tensors
+        self._select_reads(
+            frozenset(
+                t
+                for t in self.spreading
+                if tensors[t].size < YNN_MIN_ELEMENTS * shard_count(spec.get(t, ()), inp.sizes)
+            )
+        )
         syncs, sync_produced = self._sync_tensors(cfg)
         combine_at = (
             combined_all_reduces(program, syncs, COMBINE_COUNT, SYNC_AFTER)
@@ -421,15 +459,16 @@ class MemoryModel:
         )
         scattered = set() if inp.combine_syncs else sync_produced
         delayed = after_sync(
-            ng, self.producer_eqn, self.position, self.fused_into, combine_at, SYNC_AFTER
-        )
+            ng, self.producer_eqn, self.position, self.fused_into, combine_at, SYNC_AFTER,
+            self.update_group,
+        )  # fmt: skip
         buffers: list[Buffer] = []
 
-        def registers(t: int) -> Callable[[float, int, int, str], None]:
-            def live(size: float, born: int, dies: int, phase: str) -> None:
+        def registers(t: int) -> Callable[..., None]:
+            def live(size: float, born: int, dies: int, phase: str, in_place: bool = True) -> None:
                 if size > 0:
                     born = max(born, 0)
-                    buffers.append(Buffer(size, born, max(dies, born), phase, t))
+                    buffers.append(Buffer(size, born, max(dies, born), phase, t, in_place))
 
             return live
 
@@ -459,7 +498,7 @@ class MemoryModel:
         n = STEPS * (self.n_eqns + 2)
         delta = np.zeros(n)
         kinds = {FORWARD: np.zeros(n), BACKWARD: np.zeros(n), UPDATE: np.zeros(n)}
-        for i, (size, born, dies, phase, t) in enumerate(buffers):
+        for i, (size, born, dies, phase, t, _) in enumerate(buffers):
             if i in hosted:
                 continue
             b, d = round(STEPS * born), round(STEPS * dies) + 1
@@ -585,6 +624,10 @@ class MemoryModel:
             want = spec_of(dst_map, cfg[dst])
             if want != have and not self._slices_only(t, have, want):
                 live(self._bytes(t, want), -1, delayed.get(eqn, at), phase)
+        # XLA all-reduces a weight gradient before its transpose, and the update reads the
+        # transpose: it cannot write its result in place over the reduced sum
+        in_place = t not in inherited or made_by < 0
+        in_place = in_place or self.inp.ng.program.eqns[made_by].primitive != "transpose"
         if t in inherited:  # a view of a buffer that ends at the view: that buffer goes on
             born, synced_at = inherited.pop(t)
         else:
@@ -627,6 +670,8 @@ class MemoryModel:
             return
         if not external:
             return  # a tensor read only in its node is fused
+        if self._fused_where_made(t, direct, copies, external, born):
+            return
         if t in self.outvar_set and out_specs.get(t) == have:
             return  # the produced buffer is the result (counted as an output)
         size = self._bytes(t, have)
@@ -642,9 +687,24 @@ class MemoryModel:
         if synced_at is not None:
             at = synced_at
             live(size, born, at, phase)  # the partial sum, until the combined all-reduce
-            self._buffer(size, at, [(max(a, at), *r) for a, *r in direct], phase, live)
+            reduced = functools.partial(live, in_place=in_place)  # the reduced sum
+            self._buffer(size, at, [(max(a, at), *r) for a, *r in direct], phase, reduced)
         else:
             self._buffer(size, born, direct, phase, live)
+
+    def _fused_where_made(self, t: int, direct, copies, external, born: float) -> bool:
+        """Whether XLA fuses elementwise ``t`` into its readers: every read is elementwise, in
+        its own layout, where ``t`` is made (a learning rate's product, made with the weight
+        gradient, into the weight update scheduled there)."""
+        eqns = self.inp.ng.program.eqns
+        return (
+            self.cpu
+            and not self.unfused.get(t, True)
+            and not copies
+            and all(at == born and not up and not tr for at, up, tr in direct)
+            and all(eqns[r[-1]].primitive in FUSIBLE for r in external if r[-1] < self.end)
+            and len(direct) == len(external)
+        )
 
     def _eager(self, t: int, phase: str, reads) -> bool:
         """Whether XLA:CPU makes this copy of ``t`` right after ``t``, not at its first
