@@ -90,7 +90,7 @@ from .buffers import (
 from .configs import Config, shard_count, spec_of
 from .graph import BACKWARD, FORWARD, UPDATE, phase_of
 from .nodes import NodeGraph
-from .reshard import SLICE, reshard_path
+from .reshard import ALL_TO_ALL, SLICE, reshard_path
 from .tables import EdgeUse
 
 COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
@@ -464,11 +464,21 @@ class MemoryModel:
         )  # fmt: skip
         buffers: list[Buffer] = []
 
+        # a reshard's in-flight bytes, per grid position: reshards run one at a time, so the
+        # largest counts there, not their sum
+        in_flight = np.zeros(STEPS * (self.n_eqns + 2))
+
         def registers(t: int) -> Callable[..., None]:
             def live(size: float, born: int, dies: int, phase: str, in_place: bool = True) -> None:
                 if size > 0:
                     born = max(born, 0)
                     buffers.append(Buffer(size, born, max(dies, born), phase, t, in_place))
+
+            def flying(size: float, at: float) -> None:
+                b = round(STEPS * max(at, 0))
+                in_flight[b] = max(in_flight[b], size)
+
+            live.in_flight = flying  # type: ignore[attr-defined]
 
             return live
 
@@ -509,9 +519,10 @@ class MemoryModel:
             k[d] -= size
             if record is not None:
                 record.append((t, born, dies))
-        profile = np.cumsum(delta)[: STEPS * (self.n_eqns + 1)]
+        profile = (np.cumsum(delta) + in_flight)[: STEPS * (self.n_eqns + 1)]
         at = int(np.argmax(profile)) if len(profile) else 0
         live_at = {k: float(np.cumsum(v)[at]) for k, v in kinds.items()}
+        live_at[UPDATE] += float(in_flight[at])  # reported with the temporaries
         peak_live = float(profile[at]) if len(profile) else 0.0
         eq = min(at // STEPS, self.n_eqns - 1)
         estimate = MemoryEstimate(
@@ -656,6 +667,8 @@ class MemoryModel:
             first = born if scatter or self._eager(t, phase, reads) else min(r[0] for r in reads)
             last_direct = max(last_direct, first)  # the copy is made from the original
             self._buffer(self._bytes(t, want), first, reads, phase, live)
+            if self.cpu and not scatter:
+                live.in_flight(self._in_flight(t, have, want), first)
         if t in self.producer_eqn and self.cpu and self._half(t):
             e = self.inp.ng.program.eqns[self.producer_eqn[t]]
             if e.primitive in UPCAST_READERS:  # the float32 result, converted back at once
@@ -744,6 +757,28 @@ class MemoryModel:
         else:
             live(size, born, max(plain), phase)
             live(wide, min(dots), max(dots), phase)
+
+    def _in_flight(self, t: int, have, want) -> float:
+        """Bytes a reshard of ``t`` holds beyond its source and its result, at its busiest
+        point (XLA:CPU's buffer assignment): a step's input when an earlier step made it and
+        its output; an all-to-all holds its operand beside the pieces cut from it, then the
+        pieces received beside their concatenation; a path whose last collective moves a dim other
+        than the first ends with a copy back to the row-major layout (`reshard.local_kernels`;
+        the producer writes the collective's layout itself)."""
+        nbytes = self.inp.ng.program.tensors[t].nbytes
+        steps = reshard_path(nbytes, have, want, self.inp.sizes) if nbytes else ()
+        peak = 0.0
+        for k, step in enumerate(steps):
+            before = nbytes / shard_count(step.before, self.inp.sizes)
+            after = nbytes / shard_count(step.after, self.inp.sizes)
+            if step.kind == ALL_TO_ALL:  # its pieces, then the pieces received (same size)
+                held = 2 * before
+            else:
+                held = (before if k else 0.0) + after
+                if k == len(steps) - 1 and step.kernels:
+                    held = max(held, 2 * after)
+            peak = max(peak, held)
+        return max(peak - self._bytes(t, want), 0.0)
 
     def _slices_only(self, t: int, have, want) -> bool:
         """Whether resharding ``t`` from ``have`` to ``want`` only slices (sends nothing)."""
