@@ -14,8 +14,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .configs import shard_count
 from .graph import BACKWARD, FORWARD, UPDATE, phase_of
 from .operand_layouts import copied_operands
+from .reshard import ALL_TO_ALL, reshard_path
 from .rules import ELEMENTWISE
 
 FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "convert_element_type"}
@@ -448,6 +450,55 @@ def _chain_roots(program, t, node_of, producer, generated, kept) -> tuple[set[in
                 seen.add(y)
                 stack.append(y)
     return roots, (seen - roots - generated) & producer.keys()
+
+
+def reshard_in_flight(nbytes: int, have, want, sizes: Sequence[int]) -> float:
+    """Bytes per device a reshard of a ``nbytes`` tensor from layout ``have`` to ``want`` holds
+    beside its source at its busiest point (its result included), as XLA:CPU's buffer
+    assignment holds them: a step's output, beside its input when an earlier step made it; an
+    all-to-all its operand beside the pieces cut from it, then the pieces received beside
+    their concatenation (the same bytes); a path whose last collective moves a dim other than
+    the first ends with a copy back to row-major beside that collective's output
+    (`reshard.local_kernels`; the producer writes the collective's layout itself)."""
+    peak = 0.0
+    steps = reshard_path(nbytes, have, want, tuple(sizes)) if nbytes else ()
+    for k, step in enumerate(steps):
+        before = nbytes / shard_count(step.before, sizes)
+        after = nbytes / shard_count(step.after, sizes)
+        if step.kind == ALL_TO_ALL:
+            held = 2 * before
+        else:
+            held = (before if k else 0.0) + after
+            if k == len(steps) - 1 and step.kernels:
+                held = max(held, 2 * after)
+        peak = max(peak, held)
+    return peak
+
+
+def merged_reshard_steps(
+    nbytes: int, have, wants: Sequence, late: set, sizes: Sequence[int]
+) -> dict:
+    """Of the copies in layouts ``wants`` of one tensor in layout ``have``, those only the
+    backward pass reads (``late``) whose reshard path starts with steps of the path of a copy
+    the forward pass reads, ending short of that copy -> the layout those steps make. XLA's CSE
+    merges the shared steps, keeps their result from the forward pass to the backward read and
+    runs the rest there (the small GPT's OWT plan keeps its layer norms' outputs gathered on
+    one axis); where the shared steps make the forward copy itself, it does not keep it."""
+    paths = {w: [s.after for s in reshard_path(nbytes, have, w, tuple(sizes))] for w in wants}
+    out = {}
+    for w in late:
+        best = 0
+        for v in wants:
+            if v in late:
+                continue
+            k = 0
+            while k < min(len(paths[w]), len(paths[v])) and paths[w][k] == paths[v][k]:
+                k += 1
+            if k < len(paths[v]):  # an intermediate of that reshard, not its copy
+                best = max(best, k)
+        if best and paths[w][best - 1] != w:
+            out[w] = paths[w][best - 1]
+    return out
 
 
 BARRIER = "optimization_barrier"

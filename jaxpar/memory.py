@@ -83,14 +83,16 @@ from .buffers import (
     cse_after_barriers,
     generated_tensors,
     hosted_in_results,
+    merged_reshard_steps,
     recomputed_in_backward,
+    reshard_in_flight,
     scheduled_updates,
     transposed_operands,
 )  # fmt: skip
 from .configs import Config, shard_count, spec_of
 from .graph import BACKWARD, FORWARD, UPDATE, phase_of
 from .nodes import NodeGraph
-from .reshard import ALL_TO_ALL, SLICE, reshard_path
+from .reshard import SLICE, reshard_path
 from .tables import EdgeUse
 
 COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
@@ -662,13 +664,26 @@ class MemoryModel:
             and last_direct == born
             and all(self._slices_only(t, have, want) for want in copies)
         )
+        shared = {}
+        if self.cpu and len(copies) > 1:
+            late = {w for w, reads in copies.items() if self._backward_only(reads)}
+            nbytes = self.inp.ng.program.tensors[t].nbytes
+            shared = merged_reshard_steps(nbytes, have, list(copies), late, self.inp.sizes)
         for want, reads in copies.items():
             # XLA:CPU reshards eagerly, right after the source (module docstring)
-            first = born if scatter or self._eager(t, phase, reads) else min(r[0] for r in reads)
+            eager = scatter or self._eager(t, phase, reads)
+            first = born if eager else min(r[0] for r in reads)
+            if eager and want in shared and not scatter:
+                # XLA merges the steps this reshard shares with a forward one and keeps their
+                # result until this copy's first read, where it runs the rest
+                first = min(r[0] for r in reads)
+                live(self._bytes(t, shared[want]), born, first, phase)
             last_direct = max(last_direct, first)  # the copy is made from the original
             self._buffer(self._bytes(t, want), first, reads, phase, live)
             if self.cpu and not scatter:
-                live.in_flight(self._in_flight(t, have, want), first)
+                nbytes = self.inp.ng.program.tensors[t].nbytes
+                in_flight = reshard_in_flight(nbytes, have, want, self.inp.sizes)
+                live.in_flight(max(in_flight - self._bytes(t, want), 0.0), first)
         if t in self.producer_eqn and self.cpu and self._half(t):
             e = self.inp.ng.program.eqns[self.producer_eqn[t]]
             if e.primitive in UPCAST_READERS:  # the float32 result, converted back at once
@@ -728,9 +743,11 @@ class MemoryModel:
             return False
         if t in self.from_params or self.inp.arg_kinds.get(t) == "params":
             return True
-        return phase == FORWARD and all(
-            at >= self.end or self.phase_of_eqn[int(at)] != FORWARD for at, *_ in reads
-        )
+        return phase == FORWARD and self._backward_only(reads)
+
+    def _backward_only(self, reads) -> bool:
+        """Whether no read of ``reads`` ((at, ...) tuples) is in the forward pass."""
+        return all(at >= self.end or self.phase_of_eqn[int(at)] != FORWARD for at, *_ in reads)
 
     def _half(self, t: int) -> bool:
         return self.inp.ng.program.tensors[t].dtype in HALF_FLOATS
@@ -757,28 +774,6 @@ class MemoryModel:
         else:
             live(size, born, max(plain), phase)
             live(wide, min(dots), max(dots), phase)
-
-    def _in_flight(self, t: int, have, want) -> float:
-        """Bytes a reshard of ``t`` holds beyond its source and its result, at its busiest
-        point (XLA:CPU's buffer assignment): a step's input when an earlier step made it and
-        its output; an all-to-all holds its operand beside the pieces cut from it, then the
-        pieces received beside their concatenation; a path whose last collective moves a dim other
-        than the first ends with a copy back to the row-major layout (`reshard.local_kernels`;
-        the producer writes the collective's layout itself)."""
-        nbytes = self.inp.ng.program.tensors[t].nbytes
-        steps = reshard_path(nbytes, have, want, self.inp.sizes) if nbytes else ()
-        peak = 0.0
-        for k, step in enumerate(steps):
-            before = nbytes / shard_count(step.before, self.inp.sizes)
-            after = nbytes / shard_count(step.after, self.inp.sizes)
-            if step.kind == ALL_TO_ALL:  # its pieces, then the pieces received (same size)
-                held = 2 * before
-            else:
-                held = (before if k else 0.0) + after
-                if k == len(steps) - 1 and step.kernels:
-                    held = max(held, 2 * after)
-            peak = max(peak, held)
-        return max(peak - self._bytes(t, want), 0.0)
 
     def _slices_only(self, t: int, have, want) -> bool:
         """Whether resharding ``t`` from ``have`` to ``want`` only slices (sends nothing)."""

@@ -18,6 +18,8 @@ from jaxpar.buffers import (
     combined_all_reduces,
     cse_after_barriers,
     hosted_in_results,
+    merged_reshard_steps,
+    reshard_in_flight,
     scheduled_updates,
     transposed_operands,
 )
@@ -500,22 +502,29 @@ def test_bad_budgets_say_how_to_write_one(bad):
 
 @pytest.mark.closed_form
 def test_reshard_in_flight_bytes():
-    """`MemoryModel._in_flight`, as XLA:CPU's buffer assignment holds a reshard's steps
+    """`buffers.reshard_in_flight`, as XLA:CPU's buffer assignment holds a reshard's steps
     (the small CNN's model-parallel plan on 2x4): a [16, 8, 8, 8] float32 activation (32 KB)
     gathered from its channels split 8 ways is gathered over 4 devices (16 KB), then over 2
-    (32 KB, beside the 16 KB), then copied back to row-major beside that: 32 KB over the
-    result. Gathered over 4 and moved to the rows by an all-to-all over 2 (16 KB beside its
-    16 KB of pieces), then sliced 4 ways: 28 KB over the 4 KB result."""
-
-    def step(x):
-        return jnp.sum(x * 2.0)
-
-    x = np.ones((16, 8, 8, 8), np.float32)
-    sharded = jaxpar.auto_shard(step, mesh=jaxpar.make_mesh(MESHES["2x4"]), strategy="data")
-    sharded.lower(x)
-    model = sharded.plan.memory_model
-    t = sharded.plan.program.invars[0]
+    (32 KB, beside the 16 KB), then copied back to row-major beside that: 64 KB at once.
+    Gathered over 4 and moved to the rows by an all-to-all over 2 (16 KB beside its 16 KB of
+    pieces), then sliced 4 ways: 32 KB. One gather on the first dim holds its result alone."""
+    sizes = (2, 4)
     channels, rows = ((), (), (), (0, 1)), ((0, 1), (), (), ())
-    assert model._in_flight(t, channels, ((), (), (), ())) == 32768
-    assert model._in_flight(t, channels, rows) == 28672  # all-gather, all-to-all, slice
-    assert model._in_flight(t, rows, ((0,), (), (), ())) == 0  # one gather on the first dim
+    assert reshard_in_flight(32768, channels, ((), (), (), ()), sizes) == 65536
+    assert reshard_in_flight(32768, channels, rows, sizes) == 32768
+    assert reshard_in_flight(32768, rows, ((0,), (), (), ()), sizes) == 16384
+
+
+@pytest.mark.closed_form
+def test_backward_reshard_merges_steps_of_a_forward_one():
+    """`buffers.merged_reshard_steps`: a [16, 16, 64] activation split 8 ways on its batch is
+    gathered for the forward pass (over 4 devices, then 2) and split 8 ways on its features
+    for the backward pass (first gathered over 4 as well): XLA keeps the 2-way-split result of
+    the shared gather for the backward pass. Split 4 ways on its features, its forward copy is
+    the shared steps' result itself, which XLA does not keep."""
+    sizes, batch, features = (2, 4), ((0, 1), (), ()), ((), (), (0, 1))
+    wants = [((), (), ()), features]
+    assert merged_reshard_steps(65536, batch, wants, {features}, sizes) == {
+        features: ((0,), (), ())
+    }
+    assert merged_reshard_steps(65536, ((), (), (1,)), wants, {features}, sizes) == {}
