@@ -1,10 +1,11 @@
 """Predicted vs compiled vs measured memory of one-device train steps on the device at hand.
 
-Issue 9 sets the planner's safety margin per platform (`memory.MODEL_MARGIN` 10 % on GPU/TPU,
-`CPU_MODEL_MARGIN` 32 % on CPU meshes); the CPU figure comes from simulated devices, the GPU one
-had no measurement. Here each case is planned by ``auto_shard`` on a one-device mesh (state
-donated, the cluster preset of the platform: ``dgx-h100`` on a GPU, ``cpu`` else), compiled,
-and run once for real. Beside the plan's predicted peak (`MemoryEstimate.peak`) it records:
+Issue 9 sets the planner's safety margin per platform (`memory_estimate.MODEL_MARGIN` 10 % on
+GPU/TPU, `CPU_MODEL_MARGIN` 32 % on CPU meshes); the CPU figure comes from simulated devices,
+the GPU one had no measurement. Here each case is planned by ``auto_shard`` on a one-device
+mesh (state donated, the cluster preset of the platform: ``dgx-h100`` on a GPU, ``cpu`` else),
+compiled, and run once for real. Beside the plan's predicted peak (`MemoryEstimate.peak`) it
+records:
 
 - ``compiled``: the compiled program's ``memory_analysis()``, arguments + outputs - aliases +
   temporaries (XLA's own buffer assignment: what issue 9's fidelity check compares against);

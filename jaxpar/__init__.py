@@ -11,7 +11,8 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     tables   nodes + reads      -> the two search problems               reshard, tables
     search   tables             -> elimination / descent, k-cut          search, kcut, baselines
     choose   searches           -> the plan, certified against a bound   choose, evaluate
-    memory   plan               -> peak bytes per device; fit a budget   buffers, memory, budget
+    memory   plan               -> peak bytes per device; fit a budget   buffers, memory, budget,
+                                                                             memory_estimate
     plan     assignment         -> Plan: layouts, cost, collectives      planner, result, pins
     save     Plan               -> JSON file; PartitionSpecs to export   plan_file, plan_export
     report   Plan               -> text, JSON, figures                   report, figures
@@ -20,7 +21,7 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
 
 The pure core (`graph`, `opspace`, `rules`, `rules_indexing`, `nodes`, `labels`, `configs`,
 `collectives`, `reshard`, `kernels`, `cost`, `tables`, `search`, `kcut`, `baselines`,
-`evaluate`, `verify`, `buffers`, `memory`, `budget`, `hardware`) imports no jax.
+`evaluate`, `verify`, `buffers`, `memory_estimate`, `memory`, `budget`, `hardware`) imports no jax.
 """
 
 from . import distributed, verify
@@ -30,7 +31,7 @@ from .evaluate import Collective, PlanCost
 from .hardware import Cluster, DeviceGroup, DeviceSpec, LinkLevel
 from .hardware.calibration import Calibration
 from .measure import calibrate
-from .memory import MemoryBudgetError, MemoryEstimate
+from .memory_estimate import MemoryBudgetError, MemoryEstimate
 from .meshes import detect_cluster, make_hardware_mesh, make_mesh
 from .options import PlannerOptions
 from .plan_file import PlanFile, PlanFileError, load_plan

@@ -4,8 +4,8 @@ The search minimizes time; memory is a constraint. `fit_budget` keeps the dynami
 pricing memory into it (docs/design.md, "Memory budget"):
 
 1. If the searched plan fits (`MemoryEstimate.fits`: its exact liveness peak is at most the
-   budget less its margin, `memory.MODEL_MARGIN` or on CPU meshes `memory.CPU_MODEL_MARGIN`,
-   kept for the model's error), it stands, certificate and all.
+   budget less its margin, `memory_estimate.MODEL_MARGIN` or on CPU meshes
+   `memory_estimate.CPU_MODEL_MARGIN`, kept for the model's error), it stands, certificate and all.
 2. Otherwise solve the Lagrangian problem ``time + λ · bytes`` on the same tables. ``bytes``
    is a linear proxy added to every node's unary table: `held.HeldBytes.node_bytes` (arguments,
    buffers read in a later phase or through a loop) plus the tensors live at the peak of the
@@ -44,7 +44,8 @@ from collections.abc import Callable
 from .choose import Choice
 from .evaluate import EvalContext, Evaluation, evaluate
 from .held import HeldBytes
-from .memory import MemoryBudgetError, MemoryEstimate, MemoryModel, gb
+from .memory import MemoryModel
+from .memory_estimate import MemoryBudgetError, MemoryEstimate, gb
 from .options import PlannerOptions
 from .search import Problem, solve
 

@@ -60,7 +60,7 @@ ALL_STRATEGIES = ("auto", "data", "model", "owt", "fsdp", "fsdp_tp")
 
 def parse_memory_budget(text: str) -> float | str | None:
     """``--memory-budget``: a size ("80GB", "75GiB", bytes), "device" or "none"."""
-    from jaxpar.memory import parse_bytes
+    from jaxpar.memory_estimate import parse_bytes
 
     if text.strip().lower() in ("none", "off"):
         return None

@@ -6,7 +6,7 @@ import dataclasses
 
 from .baselines import STRATEGIES
 from .cost import OBJECTIVES
-from .memory import parse_bytes
+from .memory_estimate import parse_bytes
 from .search import SearchBudget
 
 SEARCHES = ("elimination", "kcut")  # joint elimination (OptCNN) / one DP per mesh axis (SoyBean)
@@ -31,9 +31,10 @@ class PlannerOptions:
       argument but the first (the state), or the only argument.
     - ``budget``: how hard the search may work (`SearchBudget`).
     - ``memory_budget``: bytes per device the plan must fit (`budget.fit_budget`): "device"
-      (default) for the smallest device's memory less `memory.RESERVE_FRACTION`, a number of
-      bytes, a size such as "60GB", or None for no limit (memory is still predicted). A plan
-      fits when its predicted peak is within the budget less `memory.MODEL_MARGIN`.
+      (default) for the smallest device's memory less `memory_estimate.RESERVE_FRACTION`, a
+      number of bytes, a size such as "60GB", or None for no limit (memory is still
+      predicted). A plan fits when its predicted peak is within the budget less
+      `memory_estimate.MODEL_MARGIN`.
     - ``donate_argnums``: the arguments whose buffers the step donates (their results reuse
       them); None: the state, i.e. every argument that is not a batch argument.
     - ``share_blocks``: give structurally identical layers the same configurations and search

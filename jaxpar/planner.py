@@ -33,7 +33,8 @@ from .hardware.mesh_model import mesh_axes, mesh_speeds, slowest_device, smalles
 from .hardware.speeds import MeshSpeeds
 from .kernels import fusion_for
 from .labels import batch_dims, node_labels
-from .memory import RESERVE_FRACTION, MemoryBudgetError, MemoryInputs, MemoryModel, arg_kind, gb
+from .memory import MemoryInputs, MemoryModel
+from .memory_estimate import RESERVE_FRACTION, MemoryBudgetError, arg_kind, gb
 from .meshes import MeshDescription, describe_mesh, resolve_cluster
 from .nodes import NodeGraph, build_nodes
 from .options import PlannerOptions

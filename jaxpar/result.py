@@ -22,7 +22,8 @@ from .graph import Program
 from .hardware import Cluster
 from .hardware.mesh_model import MeshAxes
 from .hardware.speeds import MeshSpeeds
-from .memory import MemoryEstimate, MemoryModel
+from .memory import MemoryModel
+from .memory_estimate import MemoryEstimate
 from .nodes import NodeGraph
 from .options import PlannerOptions
 from .search import Problem

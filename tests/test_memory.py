@@ -24,7 +24,7 @@ from jaxpar.buffers import (
     transposed_operands,
 )
 from jaxpar.graph import BACKWARD, FORWARD, UPDATE, phase_of
-from jaxpar.memory import parse_bytes
+from jaxpar.memory_estimate import parse_bytes
 from jaxpar.trace import trace
 from jaxpar.verify import compiled_memory
 from jaxpar.verify import compiled_peak_bytes as compiled_peak
