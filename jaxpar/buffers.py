@@ -8,7 +8,6 @@ Pure: numpy only.
 from __future__ import annotations
 
 import bisect
-import functools
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from .configs import shard_count
 from .graph import BACKWARD, FORWARD, UPDATE, phase_of
+from .kernels import REDUCTIONS
 from .operand_layouts import copied_operands
 from .reshard import ALL_TO_ALL, reshard_path
 from .rules import ELEMENTWISE
@@ -325,64 +325,65 @@ def update_fusions(program, phases: Sequence[str]) -> tuple[list[list[int]], fro
     return list(groups.values()), frozenset(free)
 
 
-class Recomputed(NamedTuple):
-    """`recomputed_in_backward`'s answer."""
-
-    kept: set[int]  # forward values stored for the backward pass
-    # value -> (the tensors its chain starts from, which the backward then reads instead;
-    # the backward equations that read it)
-    recomputed: dict[int, tuple[set[int], set[int]]]
-    # values whose chain broadcasts a computed value and that are recomputed only where they
-    # are small (below YNN_MIN_ELEMENTS per device: the backward's reduction fuses them)
-    spreading: frozenset[int]
-
-
 def recomputed_in_backward(
     program,
     node_of: Mapping[int, int],
     readers: Mapping[int, Sequence[int]],
     generated: frozenset[int],
     small: frozenset[int] = frozenset(),
-) -> Recomputed:
-    """Which forward values XLA:CPU keeps for the backward pass, and which it recomputes there.
-    ``readers``: tensor -> the equations reading it; ``node_of``: tensor -> its planning
-    node; ``generated``: the program's `generated_tensors`; ``small``: the values under
-    YNN_MIN_ELEMENTS per device in the plan priced.
+) -> tuple[set[int], dict[int, tuple[set[int], set[int]]]]:
+    """Which forward values XLA:CPU keeps for the backward pass, and which it recomputes there:
+    (kept, {value: (the tensors its elementwise chain starts from, which the backward then
+    reads instead; the backward equations that read it)}). ``readers``: tensor -> the
+    equations reading it; ``node_of``: tensor -> its planning node; ``generated``: the
+    program's `generated_tensors`; ``small``: the `spreading_values` under YNN_MIN_ELEMENTS
+    per device in the plan priced.
 
     XLA does not fuse across the forward/backward boundary, while `nodes` gives forward nodes
     elementwise followers from the backward pass (batch norm's gradient of ``mean(x**2)``
     reads ``2 * x``). XLA duplicates a cheap elementwise value into every reader that fuses
     it, so a forward value that backward equations read is recomputed when they all fuse it
     and its chain holds no op XLA does not duplicate (`EXPENSIVE`); the backward then reads
-    the tensors its chain starts from. A chain that broadcasts a computed value (batch norm's
+    the tensors its chain starts from. A chain that broadcasts a statistic (batch norm's
     ``x - mean``) is also read by a reduction of the backward pass (the scale's gradient): a
     YNNPACK fusion that reads it from memory, unless it is small. Otherwise the value is kept.
     Measured against XLA:CPU's buffer assignment (docs/design.md, "Memory"): GELU's
     ``1 + tanh`` is recomputed from its kept ``tanh``; batch norm's ``2 * x`` from the
     convolution's result, its ``x - mean`` kept at 16 images per device and recomputed at 2.
-    Values are decided in program order, each after those it is computed from. A value's
-    chain reaches further back where the values it starts from are recomputed, so the
-    ``spreading`` values are those of every plan: of the decisions with all of them small."""
-    decide = functools.partial(_decide_recompute, program, node_of, readers, generated)
-    spreading: frozenset[int] = frozenset()
+    Values are decided in program order, each after those it is computed from."""
+    kept, recomputed, _ = _decide_recompute(
+        program, node_of, readers, generated, _statistics(program), small
+    )
+    return kept, recomputed
+
+
+def spreading_values(
+    program,
+    node_of: Mapping[int, int],
+    readers: Mapping[int, Sequence[int]],
+    generated: frozenset[int],
+) -> frozenset[int]:
+    """The values `recomputed_in_backward` keeps or recomputes by their size per device: cheap,
+    read by fusing backward equations, their chain broadcasting a statistic. A value's chain
+    reaches further back where the values it starts from are recomputed, so these are the
+    values of the decisions with all of them small (a fixed point)."""
+    statistics = _statistics(program)
+    out: frozenset[int] = frozenset()
     while True:
-        more = spreading | decide(spreading).spreading
-        if more == spreading:
-            break
-        spreading = more
-    kept, recomputed, _ = decide(small)
-    return Recomputed(kept, recomputed, spreading)
+        more = out | _decide_recompute(program, node_of, readers, generated, statistics, out)[2]
+        if more == out:
+            return out
+        out = more
 
 
-def _decide_recompute(program, node_of, readers, generated, small) -> Recomputed:
-    """`recomputed_in_backward`'s decisions for one set of ``small`` values."""
+def _decide_recompute(program, node_of, readers, generated, statistics, small):
+    """(kept, recomputed, spreading) for one set of ``small`` values."""
     producer = {t: e for e in program.eqns for t in e.outputs}
     forward = [phase_of(e.name_stack) == FORWARD for e in program.eqns]
     invars = set(program.invars)
     kept: set[int] = set()
     recomputed: dict[int, tuple[set[int], set[int]]] = {}
     spreading: set[int] = set()
-    statistics = _statistics(program)
     for t in sorted(readers, key=lambda t: producer[t].index if t in producer else -1):
         e = producer.get(t)
         if e is None or t in generated or not forward[e.index]:
@@ -405,7 +406,7 @@ def _decide_recompute(program, node_of, readers, generated, small) -> Recomputed
             recomputed[t] = (roots - invars, late)
         else:
             kept.add(t)
-    return Recomputed(kept, recomputed, frozenset(spreading))
+    return kept, recomputed, frozenset(spreading)
 
 
 def _spread(program, e, generated) -> list[int]:
@@ -423,7 +424,7 @@ def _statistics(program) -> frozenset[int]:
     variance's reciprocal square root; not a bias reshaped for its add)."""
     out: set[int] = set()
     for e in program.eqns:
-        if e.primitive.startswith("reduce_") or (
+        if e.primitive in REDUCTIONS or (
             e.primitive in FUSIBLE | VIEWS and any(t in out for t in e.inputs)
         ):
             out.update(e.outputs)

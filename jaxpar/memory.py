@@ -86,6 +86,7 @@ from .buffers import (
     recomputed_in_backward,
     reshard_in_flight,
     scheduled_updates,
+    spreading_values,
     transposed_operands,
 )  # fmt: skip
 from .configs import Config, shard_count, spec_of
@@ -123,6 +124,12 @@ class MemoryInputs:
 
 class MemoryModel:
     """Liveness of a program's buffers; `estimate` prices one assignment."""
+
+    # what `_reads_for` builds for one set of small values, which `_select_reads` swaps in
+    _READ_STATE = (
+        "reads", "read_at", "reads_twin", "kept_for_backward", "long_lived", "_statics",
+        "view_of", "order",
+    )  # fmt: skip
 
     def __init__(self, inputs: MemoryInputs):
         self.inp = inputs
@@ -218,8 +225,7 @@ class MemoryModel:
                 self.view_of[src] = out
         # tensors in the order of their producing equations (a view after its operand)
         self.order = sorted(self.reads, key=lambda t: self.producer_eqn.get(t, -1))
-        names = ("reads", "read_at", "reads_twin", "kept_for_backward", "long_lived")
-        return {k: getattr(self, k) for k in (*names, "_statics", "view_of", "order")}
+        return {k: getattr(self, k) for k in self._READ_STATE}
 
     def _schedule(self) -> list[int]:
         """Where each equation runs (`buffers.scheduled_updates`): the optimizer's as their
@@ -252,11 +258,13 @@ class MemoryModel:
         ng = self.inp.ng
         end = self.end
         readers = {t: [u.order[0] for u in us if u.order[0] < end] for t, us in self.reads.items()}
-        kept, recomputed, spreading = recomputed_in_backward(
+        if not small:  # the base reads: which values each plan's sizes decide
+            self.spreading = spreading_values(
+                ng.program, ng.node_of_tensor, readers, self.generated
+            )
+        kept, recomputed = recomputed_in_backward(
             ng.program, ng.node_of_tensor, readers, self.generated, small
         )
-        if not small:
-            self.spreading = spreading
         for t, (roots, late_eqns) in recomputed.items():
             late = [u for u in self.reads[t] if u.order[0] in late_eqns]
             self.reads[t] = [u for u in self.reads[t] if u.order[0] not in late_eqns]
@@ -365,16 +373,16 @@ class MemoryModel:
         in_flight = np.zeros(STEPS * (self.n_eqns + 2))
 
         def registers(t: int) -> Callable[..., None]:
-            def live(size: float, born: int, dies: int, phase: str, in_place: bool = True) -> None:
-                if size > 0:
+            def live(
+                size: float, born: int, dies: int, phase: str, in_place: bool = True,
+                flying: bool = False,
+            ) -> None:  # fmt: skip
+                if flying:  # held only while a reshard runs at ``born``
+                    b = round(STEPS * max(born, 0))
+                    in_flight[b] = max(in_flight[b], size)
+                elif size > 0:
                     born = max(born, 0)
                     buffers.append(Buffer(size, born, max(dies, born), phase, t, in_place))
-
-            def flying(size: float, at: float) -> None:
-                b = round(STEPS * max(at, 0))
-                in_flight[b] = max(in_flight[b], size)
-
-            live.in_flight = flying  # type: ignore[attr-defined]
 
             return live
 
@@ -558,10 +566,9 @@ class MemoryModel:
             and last_direct == born
             and all(self._slices_only(t, have, want) for want in copies)
         )
-        shared = {}
+        nbytes, shared = self.inp.ng.program.tensors[t].nbytes, {}
         if self.cpu and len(copies) > 1:
             late = {w for w, reads in copies.items() if self._backward_only(reads)}
-            nbytes = self.inp.ng.program.tensors[t].nbytes
             shared = merged_reshard_steps(nbytes, have, list(copies), late, self.inp.sizes)
         for want, reads in copies.items():
             # XLA:CPU reshards eagerly, right after the source (module docstring)
@@ -575,9 +582,8 @@ class MemoryModel:
             last_direct = max(last_direct, first)  # the copy is made from the original
             self._buffer(self._bytes(t, want), first, reads, phase, live)
             if self.cpu and not scatter:
-                nbytes = self.inp.ng.program.tensors[t].nbytes
                 in_flight = reshard_in_flight(nbytes, have, want, self.inp.sizes)
-                live.in_flight(max(in_flight - self._bytes(t, want), 0.0), first)
+                live(max(in_flight - self._bytes(t, want), 0.0), first, first, phase, flying=True)
         if t in self.producer_eqn and self.cpu and self._half(t):
             e = self.inp.ng.program.eqns[self.producer_eqn[t]]
             if e.primitive in UPCAST_READERS:  # the float32 result, converted back at once
