@@ -113,7 +113,13 @@ class NodeWork:
     kernel_seconds: tuple[np.ndarray, ...] = ()  # t_k per kernel of `node_kernels`, in order
 
 
-def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams) -> NodeWork:
+def node_work(
+    ng: NodeGraph,
+    node: Node,
+    cfgs: Sequence[Config],
+    params: CostParams,
+    memo: dict | None = None,
+) -> NodeWork:
     """FLOPs, bytes and t_C of one run of ``node`` per device, for every configuration.
 
     Per kernel k of `node_kernels` (shards(t): the product of the degrees of the iteration dims
@@ -132,7 +138,59 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
     f_m; the peak for everything else); overhead: `CostParams.kernel_overhead`. A kernel that
     writes nothing (`Kernel.runs` false) has bytes_k = 0 and no overhead: its FLOPs run inside
     its readers' kernels.
+
+    ``memo`` (a dict kept by the caller for one set of ``params``) shares the answer between
+    nodes whose kernels agree on everything priced here (`_priced_kernels`): a layer's copies.
     """
+    kernels = node_kernels(ng, node, params.fusion)
+    key = None
+    if memo is not None:
+        key = ("work", tuple(cfgs), len(node.space.sizes), _priced_kernels(ng, node, kernels))
+        if key in memo:
+            return memo[key]
+    work = _node_work(ng, node, cfgs, params, kernels)
+    if key is not None:
+        for array in (work.flops, work.nbytes, work.seconds, *work.kernel_seconds):
+            array.flags.writeable = False  # shared between nodes
+        memo[key] = work
+    return work
+
+
+def _priced_kernels(ng: NodeGraph, node: Node, kernels: Sequence) -> tuple:
+    """What `_node_work` reads of ``kernels``, with tensors named by their sizes: equal for
+    two nodes exactly when their works are equal."""
+    program = ng.program
+    tensors = program.tensors
+    out = []
+    for kernel in kernels:
+        bound = {t: (tensors[b].size, mp) for t, b, mp in kernel.partial}
+        members = []
+        for i in kernel.members:
+            m = node.members[i]
+            if m.flops:
+                eqn = program.eqns[m.eqn]
+                members.append(
+                    (m.flops, tuple(m.used_dims), eqn.primitive, tensors[eqn.outputs[0]].dtype,
+                     conv_taps_fraction(program, eqn))
+                )  # fmt: skip
+        out.append(
+            (
+                kernel.runs,
+                tuple(
+                    (tensors[s].nbytes, tensors[s].itemsize, tensors[t].size, mp, bound.get(s))
+                    for s, t, mp in kernel.reads
+                ),
+                tuple((tensors[t].nbytes, mp, bound.get(t)) for t, mp in kernel.writes),
+                tuple((tensors[t].nbytes, mp, f) for t, mp, f in kernel.extra),
+                tuple(members),
+            )
+        )
+    return tuple(out)
+
+
+def _node_work(
+    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams, kernels: Sequence
+) -> NodeWork:
     n = len(cfgs)
     D = dim_degrees(cfgs, len(node.space.sizes), params.mesh.sizes)
     program = ng.program
@@ -147,7 +205,6 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
 
     flops, nbytes, seconds = np.zeros(n), np.zeros(n), np.zeros(n)
     per_kernel = []
-    kernels = node_kernels(ng, node, params.fusion)
     for kernel in kernels:
         k_bytes = np.zeros(n)
         bound = {t: (b, mp) for t, b, mp in kernel.partial}
@@ -184,11 +241,11 @@ def node_work(ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostPar
 
 
 def compute_times(
-    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams
+    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams, memo: dict | None = None
 ) -> np.ndarray:
     """t_C of every configuration (one run of the node): `node_work`'s seconds, Σ over the
     node's fused kernels of overhead + max(FLOP time, bytes / memory bandwidth)."""
-    return node_work(ng, node, cfgs, params).seconds
+    return node_work(ng, node, cfgs, params, memo).seconds
 
 
 def plan_work(

@@ -16,6 +16,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from .collectives import ALL_REDUCE, all_reduce_buffer, ring_steps
 from .combine import COMBINERS, AllReduceItem, Combiner, group_all_reduces, item_dependencies
 from .configs import spec_of, split_axes
@@ -25,7 +27,8 @@ from .hardware.speeds import MeshSpeeds
 from .nodes import NodeGraph
 from .overlap import Timeline
 from .reshard import SLICE, local_priced, local_time, priced_steps, reshard_path, step_time
-from .tables import CostTables, uniform
+from .rules import DimMap
+from .tables import CostTables, ReshardTables, uniform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,69 +124,109 @@ def _tensor_name(ng: NodeGraph, tid: int) -> str:
     return f"{t.dtype}{shape_str(t.shape)}"
 
 
+@dataclasses.dataclass(frozen=True)
+class _NodeTerms:
+    """What a node contributes under one of its configurations, whatever the rest does."""
+
+    price: float  # its term of the objective (`node_price`, all iterations)
+    t_C: float
+    t_C_ratio: float
+    t_X: float  # its non-gradient partial sums and halos
+    t_S: float  # its gradient all-reduces
+    nbytes: float
+    # its own collectives, each with its combiner item and latency per run (all-reduces only)
+    collectives: tuple[tuple[Collective, AllReduceItem | None, float], ...]
+
+
+def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
+    """Node ``v``'s terms under configuration ``a`` (kept in ``ctx.memo``: evaluations of one
+    set of tables mostly agree on a node's configuration)."""
+    memo = ctx.memo.setdefault("nodes", {})
+    hit = memo.get((v, a))
+    if hit is not None:
+        return hit
+    ng, mesh = ctx.ng, ctx.params.mesh
+    node = ng.nodes[v]
+    cfg = ctx.tables.configs[v][a]
+    compute = float(ctx.tables.compute[v][a])  # all iterations of a loop body's node
+    trips = ng.program.trips(node.region)
+    own = node_collectives(ng, node, cfg, mesh)
+    factor = 1.0
+    if ctx.speeds is not None:
+        factor = ctx.speeds.factor(node_dtype(ng, node), split_axes(cfg))
+    terms = {"t_X": 0.0, "t_S": 0.0}
+    nbytes = 0.0
+    sync = is_grad_sync(node, cfg, ctx.batch[v])
+    colls = []
+    for c in own:
+        if c.kind == ALL_REDUCE:
+            reason, term = ("gradient-sync", "t_S") if sync else ("partial-sum", "t_X")
+            tensor = _tensor_name(ng, c.tensor)
+        else:
+            reason, term, tensor = "halo", "t_X", "halo"
+        terms[term] += c.time_s * trips
+        nbytes += c.nbytes * trips
+        axes = tuple(mesh.names[x] for x in c.axes)
+        item, latency = None, 0.0
+        if c.kind == ALL_REDUCE and c.group_size > 1:
+            n, _, lat = mesh.group(c.axes)
+            key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
+            # XLA combines within one computation: a cond's branches never together
+            body = ng.program.body_of(node.region, node.anchor)
+            item = AllReduceItem(
+                node.anchor, (*key, node.region, body), all_reduce_buffer(c.nbytes, n)
+            )
+            latency = lat * ring_steps(ALL_REDUCE, n)
+        collective = Collective(
+            c.kind, axes, c.group_size, c.nbytes * trips, c.time_s * trips, tensor, reason,
+            node.phase, ctx.labels[v], trips,
+        )  # fmt: skip
+        colls.append((collective, item, latency))
+    price = node_price(compute / trips, own, ctx.params.objective) * trips
+    hit = _NodeTerms(
+        price, compute, compute * factor, terms["t_X"], terms["t_S"], nbytes, tuple(colls)
+    )
+    memo[(v, a)] = hit
+    return hit
+
+
 def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     """Cost, per-node rows and predicted collectives of ``assignment``."""
     ng, tables, mesh = ctx.ng, ctx.tables, ctx.params.mesh
-    rows = [dict(t_C=0.0, t_C_ratio=0.0, t_X=0.0, t_S=0.0, bytes=0.0) for _ in ng.nodes]
+    rows = []
     colls: list[Collective] = []
     items: list[tuple[int, AllReduceItem, float]] = []  # (collective, item, latency per run)
     own_of: list[list[int]] = [[] for _ in ng.nodes]  # per node, its own collectives
     objective = 0.0
-    for node in ng.nodes:
-        v, a = node.index, assignment[node.index]
-        cfg = tables.configs[v][a]
-        compute = float(tables.compute[v][a])  # all iterations of a loop body's node
-        trips = ng.program.trips(node.region)
-        own = node_collectives(ng, node, cfg, mesh)
-        objective += node_price(compute / trips, own, ctx.params.objective) * trips
-        factor = 1.0
-        if ctx.speeds is not None:
-            factor = ctx.speeds.factor(node_dtype(ng, node), split_axes(cfg))
-        row = rows[v]
-        row.update(t_C=compute, t_C_ratio=compute * factor)
-        sync = is_grad_sync(node, cfg, ctx.batch[v])
-        for c in own:
-            if c.kind == ALL_REDUCE:
-                reason, term = ("gradient-sync", "t_S") if sync else ("partial-sum", "t_X")
-                tensor = _tensor_name(ng, c.tensor)
-            else:
-                reason, term, tensor = "halo", "t_X", "halo"
-            row[term] += c.time_s * trips
-            row["bytes"] += c.nbytes * trips
-            axes = tuple(mesh.names[x] for x in c.axes)
-            if c.kind == ALL_REDUCE and c.group_size > 1:
-                n, _, lat = mesh.group(c.axes)
-                key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
-                # XLA combines within one computation: a cond's branches never together
-                body = ng.program.body_of(node.region, node.anchor)
-                item = AllReduceItem(
-                    node.anchor, (*key, node.region, body), all_reduce_buffer(c.nbytes, n)
-                )
-                items.append((len(colls), item, lat * ring_steps(ALL_REDUCE, n)))
+    for v in range(len(ng.nodes)):
+        terms = _node_terms(ctx, v, assignment[v])
+        objective += terms.price
+        rows.append(
+            {"t_C": terms.t_C, "t_C_ratio": terms.t_C_ratio, "t_X": terms.t_X,
+             "t_S": terms.t_S, "bytes": terms.nbytes}
+        )  # fmt: skip
+        for collective, item, latency in terms.collectives:
             own_of[v].append(len(colls))
-            colls.append(
-                Collective(
-                    c.kind, axes, c.group_size, c.nbytes * trips, c.time_s * trips, tensor,
-                    reason, node.phase, ctx.labels[v], trips,
-                )
-            )  # fmt: skip
+            if item is not None:
+                items.append((len(colls), item, latency))
+            colls.append(collective)
     # (tensor, context, before, after): each reshard step is emitted once per loop context
     produced: set[tuple] = set()
-    paths: list[list[tuple[tuple, float]]] = [[] for _ in tables.uses]  # per use, (key, s) a step
+    paths: dict[int, list[tuple[tuple, float]]] = {}  # per resharded use, (key, s) per step
     configs = tables.configs
     local = local_priced(mesh, ctx.params.objective)
     local_bytes = 0.0  # what the reshards' local kernels read and write
-    for u, use, nbytes, trips, feedback, name, gathers_free in _priced_reads(ctx):
+    priced = _priced_reads(ctx)
+    for r in _resharded(ctx, assignment):  # the rest are read as they are (most reads)
+        u, use, nbytes, trips, feedback, name, gathers_free = priced[r]
         src = spec_of(use.src_map, configs[use.src][assignment[use.src]])
         dst = spec_of(use.dst_map, configs[use.dst][assignment[use.dst]])
-        if src == dst:
-            continue  # read as it is (most reads): no path
         path = reshard_path(nbytes, src, dst, mesh.sizes)
         for step in priced_steps(path, gathers_free, local):
             key = (use.tensor, use.context, step.before, step.after)
             sent = step_time(step, mesh) * trips
             copying = local_time(step, mesh) * trips if local else 0.0
-            paths[u].append((key, sent + copying))
+            paths.setdefault(u, []).append((key, sent + copying))
             if key in produced:
                 continue
             produced.add(key)
@@ -238,6 +281,37 @@ def _priced_reads(ctx: EvalContext) -> list[tuple]:
     return ctx.memo["reads"]
 
 
+def _resharded(ctx: EvalContext, assignment: Sequence[int]) -> np.ndarray:
+    """Positions in `_priced_reads` of the reads whose producer's layout differs from the
+    reader's under ``assignment``, in order: compared as layout numbers
+    (`tables.ReshardTables.layout_numbers`), all reads at once."""
+    if "layouts" not in ctx.memo:
+        reshards = ctx.tables.reshards
+        if reshards is None:
+            reshards = ReshardTables(ctx.ng, list(ctx.tables.configs), ctx.params)
+        arrays: list[np.ndarray] = []
+        start: dict[tuple, int] = {}  # (node, map) -> its numbers' offset in ``flat``
+        end = [0]
+
+        def offset(node: int, dim_map: DimMap) -> int:
+            if (node, dim_map) not in start:
+                start[(node, dim_map)] = end[0]
+                arrays.append(reshards.layout_numbers(node, dim_map))
+                end[0] += len(arrays[-1])
+            return start[(node, dim_map)]
+
+        reads = [use for _, use, *_ in _priced_reads(ctx)]
+        src_at = np.array([offset(use.src, use.src_map) for use in reads], dtype=np.int64)
+        dst_at = np.array([offset(use.dst, use.dst_map) for use in reads], dtype=np.int64)
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        srcs = np.array([use.src for use in reads], dtype=np.int64)
+        dsts = np.array([use.dst for use in reads], dtype=np.int64)
+        ctx.memo["layouts"] = (flat, src_at, dst_at, srcs, dsts)
+    flat, src_at, dst_at, srcs, dsts = ctx.memo["layouts"]
+    a = np.asarray(assignment, dtype=np.int64)
+    return np.flatnonzero(flat[src_at + a[srcs]] != flat[dst_at + a[dsts]])
+
+
 def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, float]:
     """Group the all-reduces as the combiner does (`combine`) and tag each with its group.
     Returns, per collective that rides on an earlier member of its group, the latency it no
@@ -260,39 +334,51 @@ def _timeline(ctx, rows, colls, own_of, riding, paths) -> Timeline:
     """The step on a compute and a communication stream (`overlap`): nodes in program order,
     each after the reshards it reads through; deferred reads (the state into the next step's
     layout, a scan's carry) at the end."""
-    ng, uses = ctx.ng, ctx.tables.uses
+    uses = ctx.tables.uses
     line = Timeline()
-    # an argument's node is ready at the start; the optimizer updates that joined it run where
-    # its last member does
-    position = [max((m.eqn for m in n.members), default=-1) if n.anchor < 0 else n.anchor
-                for n in ng.nodes]  # fmt: skip
-    order = sorted(range(len(ng.nodes)), key=lambda v: position[v])
-    place = {v: i for i, v in enumerate(order)}
-    into: dict[int, list[int]] = {}
-    deferred = []
-    for u, use in enumerate(uses):
-        if use.src != use.dst and place[use.src] < place[use.dst]:
-            into.setdefault(use.dst, []).append(u)
-        elif use.src != use.dst:
-            deferred.append(u)
+    order, into, deferred = _stream_order(ctx)
 
     def read(u: int) -> int | None:
         last = None
-        for key, seconds in paths[u]:
+        for key, seconds in paths.get(u, ()):
             last = line.reshard(key, uses[u].src, last, seconds)
         return last if last is not None else line.ready.get(uses[u].src)
 
+    ready, srcs = line.ready, ctx.memo["sources"]
     for v in order:
-        if position[v] < 0:
-            continue  # an argument read as it is: ready at the start
-        reads = [read(u) for u in into.get(v, ())]
-        times = [(colls[k].kind, colls[k].time_s - riding.get(k, 0.0)) for k in own_of[v]]
-        before = [t for kind, t in times if kind != ALL_REDUCE]
-        after = [t for kind, t in times if kind == ALL_REDUCE]
+        reads = [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
+        before, after = [], []
+        for k in own_of[v]:
+            c = colls[k]
+            (after if c.kind == ALL_REDUCE else before).append(c.time_s - riding.get(k, 0.0))
         line.node(v, rows[v]["t_C"], reads, before, after)
     for u in deferred:
         read(u)
     return line
+
+
+def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], list[int]]:
+    """What the timeline of every assignment shares (kept in ``ctx.memo``): the nodes that run,
+    in program order (an argument's node is ready at the start; the optimizer updates that
+    joined it run where its last member does), the reads each waits on, and the deferred reads
+    (of a producer that runs later)."""
+    if "stream order" not in ctx.memo:
+        ng = ctx.ng
+        position = [max((m.eqn for m in n.members), default=-1) if n.anchor < 0 else n.anchor
+                    for n in ng.nodes]  # fmt: skip
+        order = sorted(range(len(ng.nodes)), key=lambda v: position[v])
+        place = {v: i for i, v in enumerate(order)}
+        into: dict[int, list[int]] = {}
+        deferred = []
+        for u, use in enumerate(ctx.tables.uses):
+            if use.src != use.dst and place[use.src] < place[use.dst]:
+                into.setdefault(use.dst, []).append(u)
+            elif use.src != use.dst:
+                deferred.append(u)
+        running = [v for v in order if position[v] >= 0]
+        ctx.memo["stream order"] = (running, into, deferred)
+        ctx.memo["sources"] = [use.src for use in ctx.tables.uses]
+    return ctx.memo["stream order"]
 
 
 def _plan_cost(rows: list[dict]) -> PlanCost:

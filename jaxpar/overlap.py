@@ -45,26 +45,31 @@ class Task:
 
 def schedule(tasks: Sequence[Task]) -> list[float]:
     """Finish time of every task: in-order streams, ``start = max(stream free, deps done)``."""
-    free = [0.0, 0.0]
-    finish: list[float] = []
+    line = Timeline()
     for task in tasks:
-        start = max([free[task.stream], *(finish[d] for d in task.deps)])
-        finish.append(start + task.duration)
-        free[task.stream] = finish[-1]
-    return finish
+        line.add(task.stream, task.duration, task.deps)
+    return line.finish
 
 
 class Timeline:
-    """Builds the task list of a planned step (see the module docstring)."""
+    """Schedules the tasks of a planned step as they are added (see the module docstring):
+    every dependency is added before its dependents, so one pass is the whole schedule."""
 
     def __init__(self) -> None:
-        self.tasks: list[Task] = []
+        self.finish: list[float] = []  # per task added, its finish time (`schedule`)
+        self.free = [0.0, 0.0]  # per stream, when its last task finishes
         self.ready: dict[int, int] = {}  # node -> the task after which its results are ready
         self.steps: dict[tuple, int] = {}  # reshard step key -> its task
 
     def add(self, stream: int, duration: float, deps: Sequence[int | None] = ()) -> int:
-        self.tasks.append(Task(stream, duration, tuple(d for d in deps if d is not None)))
-        return len(self.tasks) - 1
+        """A task on ``stream``; returns its index. ``start = max(stream free, deps done)``."""
+        start = self.free[stream]
+        for d in deps:
+            if d is not None and self.finish[d] > start:
+                start = self.finish[d]
+        self.finish.append(start + duration)
+        self.free[stream] = start + duration
+        return len(self.finish) - 1
 
     def reshard(self, key: tuple, src: int, previous: int | None, duration: float) -> int:
         """A reshard step (each key once), after its source data: the previous step of the
@@ -89,4 +94,4 @@ class Timeline:
         self.ready[index] = last
 
     def makespan(self) -> float:
-        return max(schedule(self.tasks), default=0.0)
+        return max(self.finish, default=0.0)

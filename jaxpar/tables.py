@@ -136,6 +136,9 @@ class ReshardTables:
         self.ids: dict[tuple[int, DimMap], int] = {}
         self.interned: dict[tuple[tuple[Spec, ...], bytes], int] = {}
         self.done: dict[tuple, np.ndarray] = {}
+        # every layout met, numbered: per (node, map), each config's layout number
+        self.spec_number: dict[Spec, int] = {}
+        self.numbers: dict[tuple[int, DimMap], np.ndarray] = {}
 
     def layouts(self, node: int, dim_map: DimMap) -> tuple[list[Spec], np.ndarray]:
         """Distinct layouts of a tensor over a node's configs, and each config's layout index."""
@@ -149,7 +152,15 @@ class ReshardTables:
             self.specs[key] = (specs, inv)
             content = (tuple(specs), inv.tobytes())
             self.ids[key] = self.interned.setdefault(content, len(self.interned))
+            number = [self.spec_number.setdefault(spec, len(self.spec_number)) for spec in specs]
+            self.numbers[key] = np.array(number, dtype=np.int64)[inv]
         return self.specs[key]
+
+    def layout_numbers(self, node: int, dim_map: DimMap) -> np.ndarray:
+        """Per config of ``node``, the number of the tensor's layout (`spec_number`): two reads
+        see one layout exactly when their numbers are equal."""
+        self.layouts(node, dim_map)
+        return self.numbers[(node, dim_map)]
 
     def table(self, use: EdgeUse) -> np.ndarray:
         """t_X of one read for every (producer config, reader config) pair."""
@@ -205,6 +216,8 @@ class SharedReshards:
     def __init__(self, reshards: ReshardTables):
         self.reshards = reshards
         self.patterns: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        # tensors read alike (a layer's copies) share one table: see `ReshardTables.ids`
+        self.done: dict[tuple, np.ndarray] = {}
 
     @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 - one cache per planning run
     def _step_parts(
@@ -267,9 +280,18 @@ class SharedReshards:
             return None
         program = self.reshards.ng.program
         gathers_free = uniform(program, reads[0].tensor)
-        fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts], gathers_free)
         tensor = program.tensors[reads[0].tensor]
-        small = (fixed + float(tensor.nbytes) * per_byte) * program.trips(reads[0].context)
+        trips = program.trips(reads[0].context)
+        ids = self.reshards.ids
+        alike = (
+            ids[(reads[0].src, reads[0].src_map)], tuple(ids[(r.dst, r.dst_map)] for r in reads),
+            tuple(nodes.index(v) for v in (reads[0].src, *(r.dst for r in reads))),
+            tensor.nbytes, trips, gathers_free,
+        )  # fmt: skip
+        if alike in self.done:
+            return nodes, self.done[alike]
+        fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts], gathers_free)
+        small = (fixed + float(tensor.nbytes) * per_byte) * trips
         # index grids over the nodes' configurations, one axis per node
         axes = [[-1 if k == i else 1 for k in range(len(nodes))] for i in range(len(nodes))]
         grid = {v: np.arange(len(configs[v])).reshape(axes[i]) for i, v in enumerate(nodes)}
@@ -277,8 +299,10 @@ class SharedReshards:
             si[grid[reads[0].src]],
             *(d[1][grid[r.dst]] for d, r in zip(dsts, reads, strict=True)),
         )
-        full = np.broadcast_to(small[index], tuple(len(configs[v]) for v in nodes))
-        return nodes, np.array(full)
+        full = np.array(np.broadcast_to(small[index], tuple(len(configs[v]) for v in nodes)))
+        full.flags.writeable = False  # shared by every tensor read alike
+        self.done[alike] = full
+        return nodes, full
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,6 +315,8 @@ class CostTables:
     problem: Problem  # the reported cost, or an upper bound of it where tables fell back
     bound: Problem  # the reported cost, or a lower bound of it where tables fell back
     fallback_tensors: int  # shared tensors priced by the upper/lower pair (0: ``exact``)
+    # the layouts of every read under each configuration (a cache the evaluations share)
+    reshards: ReshardTables | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def exact(self) -> bool:
@@ -305,9 +331,9 @@ def node_tables(
     ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams, memo: dict | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(t_C, unary price) of every configuration over one step: a loop body's node runs
-    ``program.trips(node.region)`` times (``memo``: see `cost.own_comm_costs`)."""
+    ``program.trips(node.region)`` times (``memo``: see `cost.node_work`, `cost.own_comm_costs`)."""
     trips = ng.program.trips(node.region)
-    once = compute_times(ng, node, cfgs, params)
+    once = compute_times(ng, node, cfgs, params, memo)
     return once * trips, unary_costs(ng, node, cfgs, params, once, memo) * trips
 
 
@@ -356,7 +382,9 @@ def build_tables(
                 table = reshards.table(use)
                 problem.add_edge(use.src, use.dst, table)
                 bound.add_edge(use.src, use.dst, table / len(reads))
-    return CostTables(tuple(configs), tuple(compute), tuple(uses), problem, bound, len(fallback))
+    return CostTables(
+        tuple(configs), tuple(compute), tuple(uses), problem, bound, len(fallback), reshards
+    )
 
 
 def pairwise_bound(ng: NodeGraph, tables: CostTables, params: CostParams) -> Problem:
@@ -364,7 +392,9 @@ def pairwise_bound(ng: NodeGraph, tables: CostTables, params: CostParams) -> Pro
     tensor's reads at 1/k of their paths (see the module docstring). Its graph is the read
     graph, so it may eliminate where the exact tables are too wide."""
     out = Problem(list(tables.bound.unary), {}, tables.problem.blocks)
-    reshards = ReshardTables(ng, list(tables.configs), params)
+    reshards = tables.reshards
+    if reshards is None or reshards.params is not params:
+        reshards = ReshardTables(ng, list(tables.configs), params)
     for reads in reads_by_tensor(ng, tables.uses):
         for use in reads:
             out.add_edge(use.src, use.dst, reshards.table(use) / len(reads))
