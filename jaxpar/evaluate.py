@@ -13,6 +13,7 @@ Pure: numpy only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -98,9 +99,16 @@ class Evaluation:
 
     cost: PlanCost
     collectives: tuple[Collective, ...]
-    node_rows: tuple[NodeRow, ...]
-    objective: float  # under the planning objective: step_s ("time"), bytes ("comm") or
+    # per node, its `NodeRow`'s fields in order (one array: an evaluation keeps no object per
+    # node, and most evaluations are never shown)
+    rows: np.ndarray = dataclasses.field(compare=False, repr=False)
+    objective: float = 0.0  # under the planning objective: step_s ("time"), bytes ("comm") or
     # overlapped_step_s ("overlap")
+
+    @functools.cached_property
+    def node_rows(self) -> tuple[NodeRow, ...]:
+        """One node's share of the step, per node."""
+        return tuple(NodeRow(*map(float, row)) for row in self.rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +201,7 @@ def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
 def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     """Cost, per-node rows and predicted collectives of ``assignment``."""
     ng, tables, mesh = ctx.ng, ctx.tables, ctx.params.mesh
-    rows = []
+    t_c, ratio, t_x, t_s, sent_bytes = [], [], [], [], []  # per node, its row's fields
     colls: list[Collective] = []
     items: list[tuple[int, AllReduceItem, float]] = []  # (collective, item, latency per run)
     own_of: list[list[int]] = [[] for _ in ng.nodes]  # per node, its own collectives
@@ -201,10 +209,11 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     for v in range(len(ng.nodes)):
         terms = _node_terms(ctx, v, assignment[v])
         objective += terms.price
-        rows.append(
-            {"t_C": terms.t_C, "t_C_ratio": terms.t_C_ratio, "t_X": terms.t_X,
-             "t_S": terms.t_S, "bytes": terms.nbytes}
-        )  # fmt: skip
+        t_c.append(terms.t_C)
+        ratio.append(terms.t_C_ratio)
+        t_x.append(terms.t_X)
+        t_s.append(terms.t_S)
+        sent_bytes.append(terms.nbytes)
         for collective, item, latency in terms.collectives:
             own_of[v].append(len(colls))
             if item is not None:
@@ -232,13 +241,12 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             produced.add(key)
             t, moved = sent + copying, step.nbytes * trips
             objective += moved if ctx.params.objective == "comm" else t
-            row = rows[use.dst]
-            row["t_X"] += t
+            t_x[use.dst] += t
             if local:
                 local_bytes += step.local * trips
             if step.kind == SLICE:  # a local kernel: no collective, nothing sent
                 continue
-            row["bytes"] += moved
+            sent_bytes[use.dst] += moved
             colls.append(
                 Collective(
                     step.kind, (mesh.names[step.axis],), mesh.sizes[step.axis], moved, t, name,
@@ -248,8 +256,9 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             )  # fmt: skip
     riding = _combine(ctx, colls, items)
     saved = sum(riding.values())
-    plain = dataclasses.replace(_plan_cost(rows), local_bytes=local_bytes)
-    overlapped = _timeline(ctx, rows, colls, own_of, riding, paths).makespan()
+    plain = _plan_cost(t_c, ratio, t_x, t_s, sent_bytes)
+    plain = dataclasses.replace(plain, local_bytes=local_bytes)
+    overlapped = _timeline(ctx, t_c, colls, own_of, riding, paths).makespan()
     cost = dataclasses.replace(
         plain,
         combined_all_reduces=sum(
@@ -259,7 +268,8 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     )  # fmt: skip
     if ctx.params.objective == "overlap":  # the searches priced Eq. 1, its upper bound
         objective = overlapped
-    return Evaluation(cost, tuple(colls), tuple(NodeRow(**r) for r in rows), objective)
+    rows = np.array([t_c, ratio, t_x, t_s, sent_bytes], dtype=np.float64).T
+    return Evaluation(cost, tuple(colls), rows, objective)
 
 
 def _priced_reads(ctx: EvalContext) -> list[tuple]:
@@ -330,7 +340,7 @@ def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, floa
     return riding
 
 
-def _timeline(ctx, rows, colls, own_of, riding, paths) -> Timeline:
+def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
     """The step on a compute and a communication stream (`overlap`): nodes in program order,
     each after the reshards it reads through; deferred reads (the state into the next step's
     layout, a scan's carry) at the end."""
@@ -351,7 +361,7 @@ def _timeline(ctx, rows, colls, own_of, riding, paths) -> Timeline:
         for k in own_of[v]:
             c = colls[k]
             (after if c.kind == ALL_REDUCE else before).append(c.time_s - riding.get(k, 0.0))
-        line.node(v, rows[v]["t_C"], reads, before, after)
+        line.node(v, t_c[v], reads, before, after)
     for u in deferred:
         read(u)
     return line
@@ -381,17 +391,17 @@ def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], li
     return ctx.memo["stream order"]
 
 
-def _plan_cost(rows: list[dict]) -> PlanCost:
+def _plan_cost(t_c, t_c_ratio, t_x, t_s, nbytes) -> PlanCost:
     """Totals of the node rows (OptCNN Eq. 1, and AccPar's ratio split beside it)."""
-    compute = sum(r["t_C"] for r in rows)
-    ratio = sum(r["t_C_ratio"] for r in rows)
-    resh = sum(r["t_X"] for r in rows)
-    sync = sum(r["t_S"] for r in rows)
+    compute = sum(t_c)
+    ratio = sum(t_c_ratio)
+    resh = sum(t_x)
+    sync = sum(t_s)
     return PlanCost(
         step_s=compute + resh + sync,
         compute_s=compute,
         comm_s=resh + sync,
-        comm_bytes=sum(r["bytes"] for r in rows),
+        comm_bytes=sum(nbytes),
         reshard_s=resh,
         sync_s=sync,
         ratio_step_s=ratio + resh + sync,

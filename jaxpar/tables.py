@@ -139,21 +139,27 @@ class ReshardTables:
         # every layout met, numbered: per (node, map), each config's layout number
         self.spec_number: dict[Spec, int] = {}
         self.numbers: dict[tuple[int, DimMap], np.ndarray] = {}
+        self.by_content: dict[tuple, tuple] = {}  # (configs, map) -> (specs, id, numbers)
 
     def layouts(self, node: int, dim_map: DimMap) -> tuple[list[Spec], np.ndarray]:
         """Distinct layouts of a tensor over a node's configs, and each config's layout index."""
         key = (node, dim_map)
         if key not in self.specs:
-            index: dict[Spec, int] = {}
-            inverse = [
-                index.setdefault(spec_of(dim_map, c), len(index)) for c in self.configs[node]
-            ]
-            specs, inv = list(index), np.array(inverse, dtype=np.int64)
-            self.specs[key] = (specs, inv)
-            content = (tuple(specs), inv.tobytes())
-            self.ids[key] = self.interned.setdefault(content, len(self.interned))
-            number = [self.spec_number.setdefault(spec, len(self.spec_number)) for spec in specs]
-            self.numbers[key] = np.array(number, dtype=np.int64)[inv]
+            alike = (tuple(self.configs[node]), dim_map)  # a layer's copies: the same answer
+            if alike not in self.by_content:
+                index: dict[Spec, int] = {}
+                inverse = [
+                    index.setdefault(spec_of(dim_map, c), len(index)) for c in self.configs[node]
+                ]
+                specs, inv = list(index), np.array(inverse, dtype=np.int64)
+                content = (tuple(specs), inv.tobytes())
+                number = [self.spec_number.setdefault(s, len(self.spec_number)) for s in specs]
+                self.by_content[alike] = (
+                    (specs, inv),
+                    self.interned.setdefault(content, len(self.interned)),
+                    np.array(number, dtype=np.int64)[inv],
+                )
+            self.specs[key], self.ids[key], self.numbers[key] = self.by_content[alike]
         return self.specs[key]
 
     def layout_numbers(self, node: int, dim_map: DimMap) -> np.ndarray:

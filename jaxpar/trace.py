@@ -121,11 +121,17 @@ def split_args(args: tuple) -> tuple[list[Any], list[str], Any]:
 
 def _dtype_info(aval: Any) -> tuple[str, int]:
     dt = aval.dtype
-    try:
-        itemsize = np.dtype(dt).itemsize
-    except TypeError:
-        itemsize = 0  # extended dtype (PRNG key)
-    return str(dt), itemsize
+    hit = _DTYPES.get(dt)
+    if hit is None:
+        try:
+            itemsize = np.dtype(dt).itemsize
+        except TypeError:
+            itemsize = 0  # extended dtype (PRNG key)
+        hit = _DTYPES[dt] = (str(dt), itemsize)
+    return hit
+
+
+_DTYPES: dict[Any, tuple[str, int]] = {}  # dtype -> (name, itemsize)
 
 
 class _Flattener:
