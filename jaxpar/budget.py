@@ -13,10 +13,13 @@ pricing memory into it (docs/design.md, "Memory budget"):
    missed is priced from then on, and the same λ is retried when that makes the proxy see the
    excess). The first λ is where the fastest fitting plan seen (a hand plan) breaks even with
    the searched plan under the proxy. λ grows ×8 until a solution fits (or until two growth
-   steps lower the peak by less than 1 %: nothing will fit), then is bisected (geometric, at
-   most 4 steps) until the bracket's λs are within 3× or the over-budget solution at its low
-   end is within 1 % of the fastest fitting plan's time. Each solve is block descent from the
-   best of the latest solution, the fastest fitting plan and the searched plan (warm starts),
+   steps lower the peak by less than 1 %: nothing will fit). Then, at most 4 steps: the λ where
+   the bracket's over-budget and fitting solutions tie under the proxy (`_tie`: a plan of the
+   Lagrangian hull between them wins there), descending from both; once such a step returns
+   one of the two, geometric bisection while the bracket's λs are more than 3× apart; stopping
+   early once the over-budget solution at the low end is within 1 % of the fastest fitting
+   plan's time. Each other solve is block descent from the best of the latest solution, the
+   fastest fitting plan and the searched plan (warm starts),
    one start and at most 3 rounds; then one more solve at the smallest λ that fit, with the
    search's own rounds from the two best of those starts and from every hand plan that fits
    (llama3_70b unrolled over 1,024 H100s: 2.61 s per step at 18 GB, where the two starts
@@ -162,6 +165,7 @@ def fit_budget(
     # that fit) runs the search's own rounds from two starts, since a short descent snaps to
     # its start (a third start cost 40 % of the budget's solve time and changed no plan measured)
     search_budget = dataclasses.replace(options.budget, max_starts=1, max_rounds=3)
+    both_ends = dataclasses.replace(search_budget, max_starts=2)
     solves = 0
     last: list[tuple[int, ...]] = []  # the latest solution (a warm start for the next)
     solved: dict[tuple, dict] = {}  # (λ, priced tensors) -> block solutions of that problem
@@ -178,7 +182,7 @@ def fit_budget(
             blocks=base.blocks,
             factors=base.factors,
         )
-        starts = [a for a in (seen.best_fit(), *last, free, *more) if a is not None]
+        starts = [a for a in (*more, seen.best_fit(), *last, free) if a is not None]
         if tying is not None:
             starts = [tying.restrict(a) for a in starts]
         memo = solved.setdefault((lam, proxy.extra), {})
@@ -195,14 +199,19 @@ def fit_budget(
 
     lam = _first_multiplier(seen, free, proxy)
     lo, hi = 0.0, None  # the largest λ whose solution is over, the smallest whose fits
+    at_lo, at_hi = free, None  # their solutions
     t_lo = choice.evaluation.objective  # objective of the solution at lo
     peaks: list[float] = []  # peak of each growth step's solution
-    bisections = 0
+    bisections, tie = 0, True
+    step_budget, step_starts = search_budget, ()  # how the next λ is solved
     while solves < MAX_SOLVES:
-        found = solve_at(lam)
+        ends = (at_lo, at_hi)
+        found = solve_at(lam, step_budget, step_starts)
         estimate = seen.estimate(found)
+        if bisections and found in ends:  # no plan of the hull between the bracket's two, or
+            tie = False  # descent missed it: the λs between are bisected, as far as RESOLUTION
         if estimate.fits:
-            hi = lam
+            hi, at_hi = lam, found
         else:
             before = proxy.total(found)
             # the proxy missed this peak if it grows: price what is live there, and retry λ
@@ -213,7 +222,7 @@ def fit_budget(
                 and proxy.total(found) - before >= estimate.peak - estimate.limit
             ):
                 continue
-            lo, t_lo = lam, seen.evaluations[found].objective
+            lo, at_lo, t_lo = lam, found, seen.evaluations[found].objective
         if hi is None:
             peaks.append(estimate.peak)
             if len(peaks) > STALL_STEPS and min(peaks[-STALL_STEPS:]) >= 0.99 * min(
@@ -225,12 +234,17 @@ def fit_budget(
         fit = seen.best_fit()
         if (
             bisections >= BISECTIONS
-            or (lo > 0 and hi <= lo * RESOLUTION)
+            or (not tie and lo > 0 and hi <= lo * RESOLUTION)
             or (fit and t_lo >= seen.evaluations[fit].objective * (1 - TIME_GAIN))
         ):
             break  # λ is bracketed, or the bracket's plans are within TIME_GAIN
         bisections += 1
-        lam = math.sqrt(lo * hi) if lo > 0 else hi / GROWTH
+        if tie:  # descent from both ends: the plans between tie with them there
+            lam = _tie(seen, proxy, at_lo, at_hi, lo, hi)
+            step_budget, step_starts = both_ends, (at_lo, at_hi)
+        else:
+            lam = math.sqrt(lo * hi) if lo > 0 else hi / GROWTH
+            step_budget, step_starts = search_budget, ()
     if hi is not None:  # polish: the smallest λ that fit, the search's rounds from two starts
         # and from every hand plan that fits
         fitting = [tuple(a) for a, _ in choice.baselines.values() if seen.estimate(tuple(a)).fits]
@@ -242,6 +256,19 @@ def fit_budget(
     evaluation, estimate = seen.evaluations[best], seen.estimate(best)
     chosen = dataclasses.replace(choice, assignment=best, evaluation=evaluation, optimal=False)
     return chosen, BudgetFit(estimate, True, seen.lam[best], solves)
+
+
+def _tie(
+    seen: _Seen, proxy: _Proxy, over: tuple[int, ...], fits: tuple[int, ...], lo: float, hi: float
+) -> float:
+    """The next λ inside (lo, hi): where the bracket's two solutions tie under the proxy,
+    ``Δtime / Δbytes`` (a plan of the hull between them wins there, and no other λ finds it
+    with fewer solves); the geometric mean when that is outside the bracket."""
+    slower = seen.evaluations[fits].objective - seen.evaluations[over].objective
+    saved = proxy.total(over) - proxy.total(fits)
+    if slower > 0 and saved > 0 and lo < slower / saved < hi:
+        return slower / saved
+    return math.sqrt(lo * hi) if lo > 0 else hi / GROWTH
 
 
 def _first_multiplier(seen: _Seen, free: tuple[int, ...], proxy: _Proxy) -> float:

@@ -440,6 +440,53 @@ def test_budget_sweep_fits_and_trades_time_for_memory():
 
 
 @pytest.mark.oracle
+def test_budget_finds_the_hull_plan_a_dense_sweep_of_multipliers_finds():
+    """At 0.9 x the free plan's peak, the small GPT's budgeted plan is as fast as the fastest
+    fitting solution of 30 Lagrangian problems (λ log-spaced over [1e-12, 1e-8], each solved by
+    the full search from the free plan, the proxy growing by every solution's peak). That plan
+    wins only for λ in a 1.24x window; bisecting λ to a 3x bracket stepped over it (1.604 vs
+    1.215 ms), the tie of the bracket's two solutions lands in it."""
+    from jaxpar.budget import _Proxy
+    from jaxpar.evaluate import evaluate
+    from jaxpar.search import Problem, solve
+
+    ex, mesh, free, _ = budget_setup()
+    budget = 0.9 * free.memory.peak
+    plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="p100", memory_budget=budget)
+    ctx, model, base = free.eval_context(), free.memory_model, free.tables.problem
+    proxy = _Proxy(model, base.num_nodes)
+    proxy.add(model.estimate_with_peak(free.assignment, None)[1])
+    fitting = []
+    for lam in np.logspace(-12, -8, 30):
+        unary = [u + lam * b for u, b in zip(base.unary, proxy.nodes, strict=True)]
+        problem = Problem(unary, base.edges, base.blocks, base.factors)
+        a = tuple(solve(problem, starts=[free.assignment], budget=free.options.budget).assignment)
+        estimate, peak = model.estimate_with_peak(a, budget)
+        proxy.add(peak)
+        if estimate.fits:
+            fitting.append(evaluate(ctx, a).objective)
+    assert plan.memory.fits and fitting
+    assert plan.evaluation.objective <= min(fitting) * (1 + 1e-9), (plan.cost, min(fitting))
+    assert plan.evaluation.objective < 1.1 * free.evaluation.objective  # a 10 % cut, not 43 %
+
+
+@pytest.mark.closed_form
+def test_tie_multiplier_is_where_the_brackets_plans_break_even():
+    """`budget._tie`: Δtime / Δbytes of the bracket's two solutions when inside (lo, hi), else
+    the geometric mean (or hi / 8 while nothing was over budget)."""
+    from jaxpar.budget import GROWTH, _tie
+
+    seen = types.SimpleNamespace(
+        evaluations={(0,): types.SimpleNamespace(objective=1.0),
+                     (1,): types.SimpleNamespace(objective=1.5)}
+    )  # fmt: skip
+    proxy = types.SimpleNamespace(total=lambda a: {(0,): 300.0, (1,): 100.0}[a])
+    assert _tie(seen, proxy, (0,), (1,), 1e-3, 1e-2) == pytest.approx(0.5 / 200)
+    assert _tie(seen, proxy, (0,), (1,), 3e-3, 1e-2) == pytest.approx(math.sqrt(3e-5))
+    assert _tie(seen, proxy, (0,), (1,), 0.0, 1e-3) == pytest.approx(1e-3 / GROWTH)
+
+
+@pytest.mark.oracle
 def test_budget_below_the_minimum_says_what_would_help():
     *_, message = budget_setup()
     assert "no plan fits the memory budget" in message
