@@ -180,7 +180,10 @@ def _priced_kernels(ng: NodeGraph, node: Node, kernels: Sequence) -> tuple:
                     (tensors[s].nbytes, tensors[s].itemsize, tensors[t].size, mp, bound.get(s))
                     for s, t, mp in kernel.reads
                 ),
-                tuple((tensors[t].nbytes, mp, bound.get(t)) for t, mp in kernel.writes),
+                tuple(
+                    (tensors[t].nbytes, tensors[t].itemsize, mp, bound.get(t))
+                    for t, mp in kernel.writes
+                ),
                 tuple((tensors[t].nbytes, mp, f) for t, mp, f in kernel.extra),
                 tuple(members),
             )

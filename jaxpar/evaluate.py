@@ -102,7 +102,7 @@ class Evaluation:
     # per node, its `NodeRow`'s fields in order (one array: an evaluation keeps no object per
     # node, and most evaluations are never shown)
     rows: np.ndarray = dataclasses.field(compare=False, repr=False)
-    objective: float = 0.0  # under the planning objective: step_s ("time"), bytes ("comm") or
+    objective: float  # under the planning objective: step_s ("time"), bytes ("comm") or
     # overlapped_step_s ("overlap")
 
     @functools.cached_property
@@ -269,6 +269,7 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     if ctx.params.objective == "overlap":  # the searches priced Eq. 1, its upper bound
         objective = overlapped
     rows = np.array([t_c, ratio, t_x, t_s, sent_bytes], dtype=np.float64).T
+    rows.flags.writeable = False
     return Evaluation(cost, tuple(colls), rows, objective)
 
 
