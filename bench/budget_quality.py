@@ -5,11 +5,12 @@ budgets of a few fractions of its predicted peak. Reported per budget: the budge
 predicted step, its peak and limit (budget less the model's margin), the Lagrangian solves, and
 wall time. ``--before old.json`` adds the step of a run at another revision beside each row.
 
-``--dense N`` adds, for the small GPT, an independent yardstick: N multipliers λ log-spaced over
-[1e-12, 1e-8], each solved with the search's full budget from the free plan, the proxy growing
+``--dense N`` adds, for the small GPT and the scanned Llamas, an independent yardstick: N
+multipliers λ log-spaced over [1e-3, 1e2] × (the free plan's time / its peak), each solved with
+the search's full budget twice, from the free plan and from the hand plans, the proxy growing
 by every solution's peak; the fastest solution that fits each budget is reported.
 
-    python bench/budget_quality.py --dense 60 --json bench/results/budget_quality.json \
+    python bench/budget_quality.py --dense 40 --json bench/results/budget_quality.json \
         --md bench/results/budget_quality.md --before bench/results/budget_quality_before.json
 """
 
@@ -58,19 +59,26 @@ def setup(name: str):
     return models.get(name, small=True), {"data": 2, "model": 4}, "p100"
 
 
+DENSE = ("gpt_small", "llama3_8b_scan", "llama3_70b_scan")  # the cases ``--dense`` sweeps
+
+
 def dense_sweep(free: jaxpar.Plan, count: int) -> list[tuple[float, float]]:
-    """(objective, peak) of the full search's solution at ``count`` λs from the free plan."""
+    """(objective, peak) of the full search's solutions at ``count`` λs, from the free plan and
+    from the hand plans."""
     ctx, model, base = free.eval_context(), free.memory_model, free.tables.problem
     proxy = _Proxy(model, base.num_nodes)
     proxy.add(model.estimate_with_peak(free.assignment, None)[1])
+    scale = free.evaluation.objective / free.memory.peak
+    hands = [a for a, _ in free.choice.baselines.values()]
     out = []
-    for lam in np.logspace(-12, -8, count):
+    for lam in np.logspace(-3, 2, count) * scale:
         unary = [u + lam * b for u, b in zip(base.unary, proxy.nodes, strict=True)]
         problem = Problem(unary, base.edges, base.blocks, base.factors)
-        a = tuple(solve(problem, starts=[free.assignment], budget=free.options.budget).assignment)
-        estimate, peak = model.estimate_with_peak(a, None)
-        proxy.add(peak)
-        out.append((evaluate(ctx, a).objective, estimate.peak))
+        for starts in ([free.assignment], hands):
+            a = tuple(solve(problem, starts=starts, budget=free.options.budget).assignment)
+            estimate, peak = model.estimate_with_peak(a, None)
+            proxy.add(peak)
+            out.append((evaluate(ctx, a).objective, estimate.peak))
     return out
 
 
@@ -79,7 +87,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--md", default=None)
     parser.add_argument("--before", default=None, help="a --json of another revision")
-    parser.add_argument("--dense", type=int, default=0, help="λs of the small GPT's sweep")
+    parser.add_argument("--dense", type=int, default=0, help="λs of the dense sweeps (0: none)")
     args = parser.parse_args()
     before = {}
     if args.before:
@@ -89,7 +97,7 @@ def main() -> None:
     for name, fractions in CASES:
         ex, mesh, cluster = setup(name)
         free = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster, memory_budget=None)
-        swept = dense_sweep(free, args.dense) if args.dense and name == "gpt_small" else None
+        swept = dense_sweep(free, args.dense) if args.dense and name in DENSE else None
         for f in fractions:
             budget = f * free.memory.peak
             t0 = time.perf_counter()
