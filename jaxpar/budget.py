@@ -171,15 +171,15 @@ def fit_budget(
     # its start (a third start cost 40 % of the budget's solve time and changed no plan measured)
     search_budget = dataclasses.replace(options.budget, max_starts=1, max_rounds=3)
     both_ends = dataclasses.replace(search_budget, max_starts=2)
-    one_start = dataclasses.replace(search_budget, max_starts=1, max_rounds=1)
+    one_round = dataclasses.replace(search_budget, max_starts=1, max_rounds=1)
     solves = 0
     last: list[tuple[int, ...]] = []  # the latest solution (a warm start for the next)
     solved: dict[tuple, dict] = {}  # (λ, priced tensors) -> block solutions of that problem
 
     def solve_at(lam: float, search_budget=search_budget, more=()) -> tuple[int, ...]:
-        only_ends = search_budget is both_ends
         nonlocal solves
         solves += 1
+        tie_step = search_budget is both_ends
         node_bytes = proxy.nodes
         if tying is not None:
             node_bytes = [sum(node_bytes[v] for v in c) for c in tying.classes]
@@ -198,13 +198,12 @@ def fit_budget(
         found = seen.add(tying.expand(x) if tying is not None else x, lam)
         last[:] = [found]
         # descent keeps to the basin it starts in: from a fitting plan it stays there, from the
-        # searched plan it finds plans between (faster, fitting, though the Lagrangian may
-        # prefer the other), so that descent's plan is a candidate too; not where the starts
-        # are given (a tie step's two ends, the polish's hand plans: the searched plan is one
-        # of them or below them)
-        ranked = sorted(starts, key=lambda a: problem_objective(problem, a))
-        if only_ends or (not more and starts[-1] not in ranked[: search_budget.max_starts]):
-            y = solve(problem, starts=starts[-1:], budget=one_start, solved=memo).assignment
+        # searched plan (``starts[-1]``) it finds plans between (faster, fitting, though the
+        # Lagrangian may prefer the other), so one round from there gives a candidate too; at
+        # every growth, bisection and tie step, unless the solve above started there; not at
+        # the polish (``more``: it runs the search's own rounds from its starts)
+        if tie_step or (not more and starts[-1] not in _best(problem, starts, search_budget)):
+            y = solve(problem, starts=starts[-1:], budget=one_round, solved=memo).assignment
             seen.add(tying.expand(y) if tying is not None else y, lam)
         estimate = seen.estimate(found)
         tick(
@@ -274,6 +273,11 @@ def fit_budget(
     evaluation, estimate = seen.evaluations[best], seen.estimate(best)
     chosen = dataclasses.replace(choice, assignment=best, evaluation=evaluation, optimal=False)
     return chosen, BudgetFit(estimate, True, seen.lam[best], solves)
+
+
+def _best(problem: Problem, starts: list, budget) -> list:
+    """The starts `search.solve` descends from: the ``budget.max_starts`` best."""
+    return sorted(starts, key=lambda a: problem_objective(problem, a))[: budget.max_starts]
 
 
 def _tie(
