@@ -22,7 +22,8 @@ pricing memory into it (docs/design.md, "Memory budget"):
    fastest fitting plan and the searched plan (warm starts),
    one start and at most 3 rounds. Descent keeps to the basin it starts in, and at large λ the
    best start is a fitting plan, where it stays; so each growth, bisection and tie step also
-   descends one round from the searched plan, and that plan is a candidate too (it finds the
+   descends one round from the searched plan (unless its own descent started there), and that
+   plan is a candidate too (it finds the
    plans between: the small GPT at 0.7 × its free peak 1.604 -> 1.322 ms). Then one more
    solve at the smallest λ that fit, with the
    search's own rounds from the two best of those starts and from every hand plan that fits
@@ -176,10 +177,13 @@ def fit_budget(
     last: list[tuple[int, ...]] = []  # the latest solution (a warm start for the next)
     solved: dict[tuple, dict] = {}  # (λ, priced tensors) -> block solutions of that problem
 
-    def solve_at(lam: float, search_budget=search_budget, more=()) -> tuple[int, ...]:
+    def solve_at(
+        lam: float, search_budget=search_budget, more=(), from_free: bool = True
+    ) -> tuple[int, ...]:
+        """The solution at ``lam`` from ``more`` and the warm starts; ``from_free``: also one
+        round from the searched plan, unless the solve started there."""
         nonlocal solves
         solves += 1
-        tie_step = search_budget is both_ends
         node_bytes = proxy.nodes
         if tying is not None:
             node_bytes = [sum(node_bytes[v] for v in c) for c in tying.classes]
@@ -199,10 +203,8 @@ def fit_budget(
         last[:] = [found]
         # descent keeps to the basin it starts in: from a fitting plan it stays there, from the
         # searched plan (``starts[-1]``) it finds plans between (faster, fitting, though the
-        # Lagrangian may prefer the other), so one round from there gives a candidate too; at
-        # every growth, bisection and tie step, unless the solve above started there; not at
-        # the polish (``more``: it runs the search's own rounds from its starts)
-        if tie_step or (not more and starts[-1] not in _best(problem, starts, search_budget)):
+        # Lagrangian may prefer the other), so one round from there gives a candidate too
+        if from_free and starts[-1] not in _best(problem, starts, search_budget):
             y = solve(problem, starts=starts[-1:], budget=one_round, solved=memo).assignment
             seen.add(tying.expand(y) if tying is not None else y, lam)
         estimate = seen.estimate(found)
@@ -266,7 +268,7 @@ def fit_budget(
         # and from every hand plan that fits
         fitting = [tuple(a) for a, _ in choice.baselines.values() if seen.estimate(tuple(a)).fits]
         polish = dataclasses.replace(options.budget, max_starts=2 + len(fitting))
-        solve_at(hi, polish, fitting)
+        solve_at(hi, polish, fitting, from_free=False)
     best = seen.best_fit()
     if best is None:
         raise MemoryBudgetError(_no_fit_message(seen.smallest(), budget, model))

@@ -225,7 +225,7 @@ def _run_elimination(
         if sol.optimal:  # the same graph: it eliminates too
             bound = narrow(tables.bound)
         elif eliminates(narrow(pairwise_skeleton(ctx.ng, tables)), budget.table, budget.enum)[0]:
-            bound = narrow(pairwise_bound(ctx.ng, tables, ctx.params))  # priced only if useful
+            bound = narrow(pairwise_bound(ctx.ng, tables))  # priced only if useful
         else:
             bound = None
         if bound is not None and eliminates(bound, budget.table, budget.enum)[0]:

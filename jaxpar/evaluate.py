@@ -28,8 +28,7 @@ from .hardware.speeds import MeshSpeeds
 from .nodes import NodeGraph
 from .overlap import Timeline
 from .reshard import SLICE, local_priced, local_time, priced_steps, reshard_path, step_time
-from .rules import DimMap
-from .tables import CostTables, ReshardTables, uniform
+from .tables import CostTables, uniform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,23 +296,12 @@ def _resharded(ctx: EvalContext, assignment: Sequence[int]) -> np.ndarray:
     reader's under ``assignment``, in order: compared as layout numbers
     (`tables.ReshardTables.layout_numbers`), all reads at once."""
     if "layouts" not in ctx.memo:
-        reshards = ctx.tables.reshards
-        if reshards is None:
-            reshards = ReshardTables(ctx.ng, list(ctx.tables.configs), ctx.params)
-        arrays: list[np.ndarray] = []
-        start: dict[tuple, int] = {}  # (node, map) -> its numbers' offset in ``flat``
-        end = [0]
-
-        def offset(node: int, dim_map: DimMap) -> int:
-            if (node, dim_map) not in start:
-                start[(node, dim_map)] = end[0]
-                arrays.append(reshards.layout_numbers(node, dim_map))
-                end[0] += len(arrays[-1])
-            return start[(node, dim_map)]
-
         reads = [use for _, use, *_ in _priced_reads(ctx)]
-        src_at = np.array([offset(use.src, use.src_map) for use in reads], dtype=np.int64)
-        dst_at = np.array([offset(use.dst, use.dst_map) for use in reads], dtype=np.int64)
+        ends = dict.fromkeys(k for u in reads for k in ((u.src, u.src_map), (u.dst, u.dst_map)))
+        arrays = [ctx.tables.reshards.layout_numbers(*k) for k in ends]
+        offset = dict(zip(ends, np.cumsum([0, *map(len, arrays)]).tolist(), strict=False))
+        src_at = np.array([offset[(u.src, u.src_map)] for u in reads], dtype=np.int64)
+        dst_at = np.array([offset[(u.dst, u.dst_map)] for u in reads], dtype=np.int64)
         flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
         srcs = np.array([use.src for use in reads], dtype=np.int64)
         dsts = np.array([use.dst for use in reads], dtype=np.int64)
@@ -347,7 +335,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
     layout, a scan's carry) at the end."""
     uses = ctx.tables.uses
     line = Timeline()
-    order, into, deferred = _stream_order(ctx)
+    order, into, deferred, srcs = _stream_order(ctx)
 
     def read(u: int) -> int | None:
         last = None
@@ -355,7 +343,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
             last = line.reshard(key, uses[u].src, last, seconds)
         return last if last is not None else line.ready.get(uses[u].src)
 
-    ready, srcs = line.ready, ctx.memo["sources"]
+    ready = line.ready
     for v in order:
         reads = [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
         before, after = [], []
@@ -368,11 +356,11 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
     return line
 
 
-def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], list[int]]:
+def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], list[int], list[int]]:
     """What the timeline of every assignment shares (kept in ``ctx.memo``): the nodes that run,
     in program order (an argument's node is ready at the start; the optimizer updates that
-    joined it run where its last member does), the reads each waits on, and the deferred reads
-    (of a producer that runs later)."""
+    joined it run where its last member does), the reads each waits on, the deferred reads
+    (of a producer that runs later), and each read's producing node."""
     if "stream order" not in ctx.memo:
         ng = ctx.ng
         position = [max((m.eqn for m in n.members), default=-1) if n.anchor < 0 else n.anchor
@@ -387,8 +375,8 @@ def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], li
             elif use.src != use.dst:
                 deferred.append(u)
         running = [v for v in order if position[v] >= 0]
-        ctx.memo["stream order"] = (running, into, deferred)
-        ctx.memo["sources"] = [use.src for use in ctx.tables.uses]
+        sources = [use.src for use in ctx.tables.uses]
+        ctx.memo["stream order"] = (running, into, deferred, sources)
     return ctx.memo["stream order"]
 
 

@@ -321,8 +321,9 @@ class CostTables:
     problem: Problem  # the reported cost, or an upper bound of it where tables fell back
     bound: Problem  # the reported cost, or a lower bound of it where tables fell back
     fallback_tensors: int  # shared tensors priced by the upper/lower pair (0: ``exact``)
-    # the layouts of every read under each configuration (a cache the evaluations share)
-    reshards: ReshardTables | None = dataclasses.field(default=None, compare=False, repr=False)
+    # the read tables and the layouts of every read under each configuration (a cache the
+    # bounds and the evaluations share)
+    reshards: ReshardTables = dataclasses.field(compare=False, repr=False)
 
     @property
     def exact(self) -> bool:
@@ -393,17 +394,14 @@ def build_tables(
     )
 
 
-def pairwise_bound(ng: NodeGraph, tables: CostTables, params: CostParams) -> Problem:
+def pairwise_bound(ng: NodeGraph, tables: CostTables) -> Problem:
     """A lower bound of the reported cost with no tables over several nodes: every shared
     tensor's reads at 1/k of their paths (see the module docstring). Its graph is the read
     graph, so it may eliminate where the exact tables are too wide."""
     out = Problem(list(tables.bound.unary), {}, tables.problem.blocks)
-    reshards = tables.reshards
-    if reshards is None or reshards.params is not params:
-        reshards = ReshardTables(ng, list(tables.configs), params)
     for reads in reads_by_tensor(ng, tables.uses):
         for use in reads:
-            out.add_edge(use.src, use.dst, reshards.table(use) / len(reads))
+            out.add_edge(use.src, use.dst, tables.reshards.table(use) / len(reads))
     return out
 
 

@@ -120,18 +120,16 @@ def split_args(args: tuple) -> tuple[list[Any], list[str], Any]:
 
 
 def _dtype_info(aval: Any) -> tuple[str, int]:
-    dt = aval.dtype
-    hit = _DTYPES.get(dt)
-    if hit is None:
-        try:
-            itemsize = np.dtype(dt).itemsize
-        except TypeError:
-            itemsize = 0  # extended dtype (PRNG key)
-        hit = _DTYPES[dt] = (str(dt), itemsize)
-    return hit
+    return _dtype_name_and_size(aval.dtype)
 
 
-_DTYPES: dict[Any, tuple[str, int]] = {}  # dtype -> (name, itemsize)
+@functools.lru_cache(maxsize=256)
+def _dtype_name_and_size(dt: Any) -> tuple[str, int]:
+    try:
+        itemsize = np.dtype(dt).itemsize
+    except TypeError:
+        itemsize = 0  # extended dtype (PRNG key)
+    return str(dt), itemsize
 
 
 class _Flattener:

@@ -117,7 +117,7 @@ def test_reported_cost_lies_between_the_two_search_problems(name, mesh, objectiv
     from jaxpar.tables import pairwise_bound
 
     ctx = plan.eval_context()
-    pairwise = pairwise_bound(plan.ng, plan.tables, plan.params)
+    pairwise = pairwise_bound(plan.ng, plan.tables)
     rng = np.random.default_rng(0)
     sizes = [len(c) for c in plan.configs]
     assignments = [plan.assignment, *(a for a, _ in plan.choice.baselines.values())]
