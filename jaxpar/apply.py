@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from .configs import Spec, spec_of
 from .graph import SCAN, Region
 from .meshes import make_mesh
-from .options import PlannerOptions
+from .options import DEFAULT_OBJECTIVE, PlannerOptions
 from .plan_file import as_plan_file
 from .plan_reuse import bind, check_mesh
 from .planner import make_plan, merge_options
@@ -315,7 +315,7 @@ def auto_shard(
     mesh: Mesh | None = None,
     cluster: Any = None,
     strategy: str = "auto",
-    objective: str = "time",
+    objective: str = DEFAULT_OBJECTIVE,
     search: str = "elimination",
     donate_argnums: tuple[int, ...] | int = (),
     in_specs: Any = None,

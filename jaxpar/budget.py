@@ -130,6 +130,12 @@ class _Seen:
             self.estimates[a], self.peaks[a] = self.model.estimate_with_peak(a, self.budget)
         return self.estimates[a]
 
+    def searched(self, a: tuple[int, ...]) -> float:
+        """What the Lagrangian problems price of ``a`` besides λ · bytes: the search's own
+        objective (Eq. 1 under "overlap", whose step the plan is then chosen by)."""
+        ev = self.evaluations[a]
+        return ev.cost.step_s if self.ctx.params.objective == "overlap" else ev.objective
+
     def best_fit(self) -> tuple[int, ...] | None:
         """The fastest plan seen that fits (estimating in order of time until one fits)."""
         for a in sorted(self.evaluations, key=lambda a: self.evaluations[a].objective):
@@ -288,7 +294,7 @@ def _tie(
     """The next λ inside (lo, hi): where the bracket's two solutions tie under the proxy,
     ``Δtime / Δbytes`` (a plan of the hull between them wins there, and no other λ finds it
     with fewer solves); the geometric mean when that is outside the bracket."""
-    slower = seen.evaluations[fits].objective - seen.evaluations[over].objective
+    slower = seen.searched(fits) - seen.searched(over)
     saved = proxy.total(over) - proxy.total(fits)
     if slower > 0 and saved > 0 and lo < slower / saved < hi:
         return slower / saved
@@ -298,11 +304,11 @@ def _tie(
 def _first_multiplier(seen: _Seen, free: tuple[int, ...], proxy: _Proxy) -> float:
     """The first λ: where the fastest fitting plan seen (a hand plan, say) breaks even with the
     searched plan under the proxy, ``Δtime / Δbytes``; with none, time per byte of the peak."""
-    t0 = seen.evaluations[free].objective
+    t0 = seen.searched(free)
     fit = seen.best_fit()
     if fit is not None:
         saved = proxy.total(free) - proxy.total(fit)
-        slower = seen.evaluations[fit].objective - t0
+        slower = seen.searched(fit) - t0
         if saved > 0 and slower > 0:
             return slower / saved
     return t0 / max(seen.estimate(free).peak, 1.0)

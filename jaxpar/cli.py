@@ -46,6 +46,7 @@ from .cli_input import (
     plural,
     positive_steps,
 )
+from .options import DEFAULT_OBJECTIVE
 
 # What `jaxpar --help` prints above the commands (plain text: argparse shows it as written).
 DESCRIPTION = """\
@@ -453,9 +454,9 @@ def _add_plan(sub: Any) -> None:
     choices = (
         ("strategy", STRATEGY_CHOICES, "auto", "auto: the search (default); data, model, owt: the "
          "baselines; hypar: HyPar's space; all: auto and the three baselines side by side"),
-        ("objective", OBJECTIVE_CHOICES, "time", "time: predicted step time, OptCNN Eq. 1 "
-         "(default); comm: bytes moved (SoyBean's); overlap: the step with communication "
-         "overlapped with compute"),
+        ("objective", OBJECTIVE_CHOICES, DEFAULT_OBJECTIVE, "overlap: the step with "
+         "communication overlapped with compute, as XLA schedules it (default); time: OptCNN "
+         "Eq. 1, compute plus every collective (the papers'); comm: bytes moved (SoyBean's)"),
         ("search", SEARCH_CHOICES, "elimination", "joint elimination (OptCNN, default) or "
          "SoyBean's k-cut; the report shows both"),
     )  # fmt: skip

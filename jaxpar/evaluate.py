@@ -26,7 +26,7 @@ from .cost import CostParams, is_grad_sync, node_collectives, node_dtype, node_p
 from .graph import shape_str
 from .hardware.speeds import MeshSpeeds
 from .nodes import NodeGraph
-from .overlap import Timeline
+from .overlap import COMM, Timeline
 from .reshard import SLICE, local_priced, local_time, priced_steps, reshard_path, step_time
 from .tables import CostTables, uniform
 
@@ -344,16 +344,50 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
         return last if last is not None else line.ready.get(uses[u].src)
 
     ready = line.ready
+    groups, closes = _combined_groups(order, colls, own_of)
     for v in order:
         reads = [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
         before, after = [], []
         for k in own_of[v]:
             c = colls[k]
+            if c.group in groups:
+                continue  # runs with its combined all-reduce, after the group's last member
             (after if c.kind == ALL_REDUCE else before).append(c.time_s - riding.get(k, 0.0))
         line.node(v, t_c[v], reads, before, after)
+        # a combined group's collective, once its last member has run; the combiner groups only
+        # all-reduces no member depends on, so their readers run later (an earlier reader
+        # would see the member's compute alone)
+        for g in closes.get(v, ()):
+            members, ks = groups[g]
+            seconds = sum(colls[k].time_s - riding.get(k, 0.0) for k in ks)
+            task = line.add(COMM, seconds, [ready[m] for m in members])
+            for m in members:
+                ready[m] = task
     for u in deferred:
         read(u)
     return line
+
+
+def _combined_groups(
+    order: list[int], colls: list[Collective], own_of
+) -> tuple[dict[int, tuple[list[int], list[int]]], dict[int, list[int]]]:
+    """The combined all-reduces of more than one member, as group -> (its members' nodes, its
+    collectives), and node -> the groups whose last member (in stream order) it is: one
+    collective takes every operand, so it starts once all of them are ready."""
+    nodes: dict[int, list[int]] = {}
+    members: dict[int, list[int]] = {}
+    for v in order:
+        for k in own_of[v]:
+            g = colls[k].group
+            if g >= 0:
+                nodes.setdefault(g, []).append(v)
+                members.setdefault(g, []).append(k)
+    groups, closes = {}, {}
+    for g, ks in members.items():
+        if len(ks) > 1:
+            groups[g] = (list(dict.fromkeys(nodes[g])), ks)
+            closes.setdefault(nodes[g][-1], []).append(g)
+    return groups, closes
 
 
 def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], list[int], list[int]]:

@@ -16,8 +16,9 @@ streams and returns its makespan:
 A node's results are ready when its compute (and its own all-reduce) has finished. A loop body's
 tasks run ``trips`` times as long (iterations are not overlapped with each other). Reshards of
 the state into the next step's layout and a scan's carry edges are issued at the end of their
-producer and waited on by nobody. All-reduces that XLA's combiner merges (`combine`) pay their
-latency once: on the group's first member.
+producer and waited on by nobody. All-reduces that XLA's combiner merges (`combine`) run as one
+collective, which takes every operand: it is issued after the group's last member, pays its
+latency once, and every member's results are ready when it finishes (`evaluate._timeline`).
 
 The schedule is never longer than Eq. 1's sum (no stream idles while a ready task waits on it),
 so Eq. 1 is an upper bound of the overlapped step, and that bound is what the search minimizes

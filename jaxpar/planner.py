@@ -37,7 +37,7 @@ from .memory import MemoryInputs, MemoryModel
 from .memory_estimate import RESERVE_FRACTION, MemoryBudgetError, arg_kind, gb
 from .meshes import MeshDescription, describe_mesh, resolve_cluster
 from .nodes import NodeGraph, build_nodes
-from .options import PlannerOptions
+from .options import DEFAULT_OBJECTIVE, PlannerOptions
 from .pins import feedback_pairs, pinned_configs, pins_from_specs
 from .result import ArgLayout, Plan, layouts
 from .tables import CostTables, build_tables
@@ -298,7 +298,7 @@ def plan(
     mesh: Any,
     cluster: Any = None,
     strategy: str = "auto",
-    objective: str = "time",
+    objective: str = DEFAULT_OBJECTIVE,
     search: str = "elimination",
     in_specs: Any = None,
     memory_budget: float | str | None = "device",
@@ -333,7 +333,7 @@ def merge_options(
         "memory_budget": memory_budget,
     }  # fmt: skip
     defaults = {
-        "strategy": "auto", "objective": "time", "search": "elimination",
+        "strategy": "auto", "objective": DEFAULT_OBJECTIVE, "search": "elimination",
         "memory_budget": "device",
     }  # fmt: skip
     changes = {k: v for k, v in given.items() if v != defaults[k] or options is None}

@@ -110,7 +110,9 @@ def test_mlp_step_dp_equals_brute_force():
     """Optimality on a whole train step, against enumeration of both search problems."""
     step, state, batch = _tiny_mlp_step()
     pins = (None, {"x": PartitionSpec("data"), "y": PartitionSpec("data")})
-    plan = jaxpar.plan(step, state, batch, mesh={"data": 2}, cluster="p100", in_specs=pins)
+    plan = jaxpar.plan(
+        step, state, batch, mesh={"data": 2}, cluster="p100", in_specs=pins, objective="time"
+    )
     assert plan.optimal
     free = sum(1 for u in plan.problem.unary if len(u) > 1)
     assert free >= 10  # the whole step: forward, backward and update nodes

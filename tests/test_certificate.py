@@ -53,12 +53,16 @@ def test_nothing_beats_a_certified_plan(name, mesh, cluster):
 
 
 def test_certificates_are_common_on_the_small_zoo():
-    """The bound is tight where readers share a layout: most small plans stay certified."""
+    """The bound is tight where readers share a layout: most small plans stay certified (under
+    Eq. 1; the overlapped step's bound, the compute stream alone, is met only when every
+    collective hides)."""
     certified = 0
     names = ("mlp", "cnn", "gpt_small", "lenet5", "alexnet", "vgg11")
     for name in names:
         ex = models.get(name, small=True)
-        plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="p100")
+        plan = jaxpar.plan(
+            ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="p100", objective="time"
+        )
         certified += plan.optimal
     assert certified >= len(names) // 2
 

@@ -141,8 +141,9 @@ def test_real_problem_vs_brute_force(cluster):
         jax.ShapeDtypeStruct((4, 8), f32),
     )
     plan = jaxpar.plan(
-        tiny_forward, *args, mesh={"x": 2, "y": 2}, cluster=CLUSTERS[cluster](), search="kcut"
-    )
+        tiny_forward, *args, mesh={"x": 2, "y": 2}, cluster=CLUSTERS[cluster](), search="kcut",
+        objective="time",
+    )  # fmt: skip
     problem = plan.problem
     assert math.prod(len(u) for u in problem.unary) < 5e7
     _, best = brute_force(problem)  # a reshard per read: an upper bound of the reported cost

@@ -60,8 +60,11 @@ def test_a_gradient_all_reduce_hides_behind_independent_compute():
 @pytest.mark.closed_form
 @pytest.mark.parametrize("name", ["gpt_small", "cnn"])
 def test_overlapped_step_lies_between_compute_and_eq1(name):
-    """compute ≤ overlapped ≤ combined ≤ Eq. 1 for every strategy; data parallelism overlaps
-    part of its gradient synchronization with the backward pass."""
+    """compute ≤ overlapped ≤ combined ≤ Eq. 1 for every strategy. Data parallelism overlaps
+    part of the GPT's gradient synchronization with the backward pass; the CNN's hides
+    nothing: its batch norms' backward all-reduces lie on the critical path, and XLA's combiner
+    merges each with the weight-gradient all-reduces beside it, which then wait with it (one
+    collective takes every operand)."""
     ex = models.get(name, small=True)
     for strategy in ("auto", "data", "model", "fsdp"):
         plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="p100",
@@ -70,9 +73,12 @@ def test_overlapped_step_lies_between_compute_and_eq1(name):
         assert c.compute_s * (1 - 1e-12) <= c.overlapped_step_s
         assert c.overlapped_step_s <= c.combined_step_s * (1 + 1e-12)
         assert c.combined_step_s <= c.step_s * (1 + 1e-12)
-        if strategy == "data":  # some gradient synchronization runs beside backward compute
-            hidden = c.combined_step_s - c.overlapped_step_s
+        hidden = c.combined_step_s - c.overlapped_step_s
+        if strategy == "data" and name == "gpt_small":  # gradient syncs beside backward compute
             assert hidden > 0.05 * min(c.compute_s, c.combined_step_s - c.compute_s), c
+        if strategy == "data" and name == "cnn":
+            assert plan.cost.combined_all_reduces > 6  # groups closed by the batch norms
+            assert c.overlapped_step_s == pytest.approx(c.combined_step_s, rel=1e-5), c
 
 
 def _tiny_step():
@@ -128,8 +134,9 @@ def test_overlap_objective_is_never_slower_than_the_eq1_plan_overlapped(name):
     with the shortest overlapped step: never longer than the Eq. 1 plan's or a baseline's."""
     ex = models.get(name, small=True)
     kw = dict(mesh={"node": 2, "gpu": 4}, cluster="p100")
-    eq1 = jaxpar.plan(ex.step, *ex.args, **kw)
-    ovl = jaxpar.plan(ex.step, *ex.args, objective="overlap", **kw)
+    eq1 = jaxpar.plan(ex.step, *ex.args, objective="time", **kw)
+    ovl = jaxpar.plan(ex.step, *ex.args, **kw)  # the default
+    assert ovl.objective == "overlap"
     assert ovl.cost.overlapped_step_s <= eq1.cost.overlapped_step_s * (1 + 1e-12)
     for _, ev in ovl.choice.baselines.values():
         assert ovl.cost.overlapped_step_s <= ev.cost.overlapped_step_s * (1 + 1e-12)

@@ -57,5 +57,12 @@ def test_tables_name_every_plan_and_phase(plans):
         assert name in phases.splitlines()[1] and name in state
     for phase in ("forward", "backward", "gradient"):
         assert any(line.startswith(phase) for line in phases.splitlines())
-    assert "step ms" in phases and "MB sent" in phases
+    assert "Eq. 1 ms" in phases and "MB sent" in phases
+    auto = next(iter(plans.values()))
+    overlap = [line for line in phases.splitlines() if line.startswith("overlap ms")]
+    assert len(overlap) == (auto.objective == "overlap")  # the step the plan was chosen by
+    if overlap:
+        cells = [float(x) for x in overlap[0].split()[2:]]
+        want = [p.cost.overlapped_step_s * 1e3 for p in plans.values()]
+        assert cells == pytest.approx(want, abs=0.06)
     assert "P(" in state  # the largest tensors' layouts
