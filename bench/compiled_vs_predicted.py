@@ -56,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
     parser.add_argument("--md", default=None)
+    parser.add_argument("--objective", default=OBJECTIVE, help="the planner's objective")
     args = parser.parse_args()
     mesh = jaxpar.make_mesh(MESH)
     rows = []
@@ -64,7 +65,7 @@ def main() -> None:
         row = {"model": name}
         for strategy in ("auto", "data"):
             step = jaxpar.auto_shard(
-                ex.step, mesh=mesh, cluster="p100", strategy=strategy, objective=OBJECTIVE
+                ex.step, mesh=mesh, cluster="p100", strategy=strategy, objective=args.objective
             )
             compiled = step.lower(*ex.args).compile()
             plan = step.plan
