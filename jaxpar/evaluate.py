@@ -345,6 +345,14 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
 
     ready = line.ready
     groups, closes = _combined_groups(order, colls, own_of)
+    member_of: dict[int, set[int]] = {}
+    for g, (members, _) in groups.items():
+        for m in members:
+            member_of.setdefault(m, set()).add(g)
+    # nodes run before a group's collective that read its members' results, directly or not
+    # (a weight gradient's transpose): their results are ready only once it has finished
+    waits: dict[int, set[int]] = {}
+    waiting: dict[int, list[int]] = {g: [] for g in groups}
     for v in order:
         reads = [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
         before, after = [], []
@@ -354,15 +362,23 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
                 continue  # runs with its combined all-reduce, after the group's last member
             (after if c.kind == ALL_REDUCE else before).append(c.time_s - riding.get(k, 0.0))
         line.node(v, t_c[v], reads, before, after)
-        # a combined group's collective, once its last member has run; the combiner groups only
-        # all-reduces no member depends on, so their readers run later (an earlier reader
-        # would see the member's compute alone)
+        open_groups = set(member_of.get(v, ()))
+        for u in into.get(v, ()):
+            open_groups |= waits.get(srcs[u], set())
+        open_groups = {g for g in open_groups if waiting.get(g) is not None}
+        if open_groups:
+            waits[v] = open_groups
+            for g in open_groups:
+                waiting[g].append(v)
+        # a combined group's collective, once its last member has run: one collective takes
+        # every operand
         for g in closes.get(v, ()):
             members, ks = groups[g]
             seconds = sum(colls[k].time_s - riding.get(k, 0.0) for k in ks)
             task = line.add(COMM, seconds, [ready[m] for m in members])
-            for m in members:
-                ready[m] = task
+            for t in waiting.pop(g):
+                if line.finish[task] > line.finish[ready[t]]:
+                    ready[t] = task
     for u in deferred:
         read(u)
     return line

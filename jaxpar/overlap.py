@@ -18,7 +18,8 @@ tasks run ``trips`` times as long (iterations are not overlapped with each other
 the state into the next step's layout and a scan's carry edges are issued at the end of their
 producer and waited on by nobody. All-reduces that XLA's combiner merges (`combine`) run as one
 collective, which takes every operand: it is issued after the group's last member, pays its
-latency once, and every member's results are ready when it finishes (`evaluate._timeline`).
+latency once, and every member's results are ready when it finishes, as are the results of the
+nodes run before it that read them, directly or not (`evaluate._timeline`).
 
 The schedule is never longer than Eq. 1's sum (no stream idles while a ready task waits on it),
 so Eq. 1 is an upper bound of the overlapped step, and that bound is what the search minimizes

@@ -449,7 +449,7 @@ def test_budget_finds_the_hull_plan_a_dense_sweep_of_multipliers_finds():
     1.215 ms), the tie of the bracket's two solutions lands in it.
 
     Under Eq. 1 (objective "time"), the Lagrangian's own objective: under "overlap" the budget
-    finds the same plan, and the sweep one Eq. 1 ranks below it whose overlapped step is 1 %
+    finds the same plan, and the sweep one Eq. 1 ranks below it whose overlapped step is 1.6 %
     shorter (docs/design.md, "Memory budget")."""
     from jaxpar.budget import _Proxy
     from jaxpar.evaluate import evaluate
