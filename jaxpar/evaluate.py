@@ -344,15 +344,11 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
         return last if last is not None else line.ready.get(uses[u].src)
 
     ready = line.ready
-    groups, closes = _combined_groups(order, colls, own_of)
-    member_of: dict[int, set[int]] = {}
-    for g, (members, _) in groups.items():
-        for m in members:
-            member_of.setdefault(m, set()).add(g)
+    groups, closes, member_of = _combined_groups(order, colls, own_of)
     # nodes run before a group's collective that read its members' results, directly or not
     # (a weight gradient's transpose): their results are ready only once it has finished
-    waits: dict[int, set[int]] = {}
-    waiting: dict[int, list[int]] = {g: [] for g in groups}
+    waits: dict[int, set[int]] = {}  # node -> the open groups it waits for
+    waiting: dict[int, list[int]] = {g: [] for g in groups}  # open group -> its waiting nodes
     for v in order:
         reads = [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
         before, after = [], []
@@ -362,13 +358,11 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
                 continue  # runs with its combined all-reduce, after the group's last member
             (after if c.kind == ALL_REDUCE else before).append(c.time_s - riding.get(k, 0.0))
         line.node(v, t_c[v], reads, before, after)
-        open_groups = set(member_of.get(v, ()))
-        for u in into.get(v, ()):
-            open_groups |= waits.get(srcs[u], set())
-        open_groups = {g for g in open_groups if waiting.get(g) is not None}
-        if open_groups:
-            waits[v] = open_groups
-            for g in open_groups:
+        pending = member_of.get(v, set()).union(*(waits.get(srcs[u], ()) for u in into.get(v, ())))
+        pending = {g for g in pending if g in waiting}
+        if pending:
+            waits[v] = pending
+            for g in pending:
                 waiting[g].append(v)
         # a combined group's collective, once its last member has run: one collective takes
         # every operand
@@ -384,12 +378,10 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
     return line
 
 
-def _combined_groups(
-    order: list[int], colls: list[Collective], own_of
-) -> tuple[dict[int, tuple[list[int], list[int]]], dict[int, list[int]]]:
+def _combined_groups(order: list[int], colls: list[Collective], own_of) -> tuple[dict, dict, dict]:
     """The combined all-reduces of more than one member, as group -> (its members' nodes, its
-    collectives), and node -> the groups whose last member (in stream order) it is: one
-    collective takes every operand, so it starts once all of them are ready."""
+    collectives); node -> the groups whose last member (in stream order) it is (one collective
+    takes every operand, so it starts once all of them are ready); node -> its groups."""
     nodes: dict[int, list[int]] = {}
     members: dict[int, list[int]] = {}
     for v in order:
@@ -398,12 +390,14 @@ def _combined_groups(
             if g >= 0:
                 nodes.setdefault(g, []).append(v)
                 members.setdefault(g, []).append(k)
-    groups, closes = {}, {}
+    groups, closes, member_of = {}, {}, {}
     for g, ks in members.items():
         if len(ks) > 1:
             groups[g] = (list(dict.fromkeys(nodes[g])), ks)
             closes.setdefault(nodes[g][-1], []).append(g)
-    return groups, closes
+            for v in groups[g][0]:
+                member_of.setdefault(v, set()).add(g)
+    return groups, closes, member_of
 
 
 def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], list[int], list[int]]:
