@@ -64,49 +64,28 @@ class AllReduceItem:
     buffer_bytes: float  # result bytes per device
 
 
-def ancestors(program: Program, eqns: Sequence[int]) -> dict[int, int]:
-    """For each equation in ``eqns``, a bitmask over ``eqns`` of those whose results it reads,
-    directly or through other equations (program order is a topological order)."""
-    bit = {e: 1 << k for k, e in enumerate(eqns)}
-    wanted = set(eqns)
+def item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list[int]:
+    """Per item, the bitmask over ``items`` of those whose equations' results its equation reads,
+    directly or through other equations: one walk in program order (a topological order), each
+    tensor carrying the mask of the items upstream of it."""
+    items_of: dict[int, int] = {}  # per equation, the bitmask of its items
+    for i, it in enumerate(items):
+        items_of[it.eqn] = items_of.get(it.eqn, 0) | 1 << i
     of_tensor: dict[int, int] = {}
-    out: dict[int, int] = {}
+    reads: dict[int, int] = {}
     for e in program.eqns:
         mask = 0
         for t in e.inputs:
             if t is not None:
                 mask |= of_tensor.get(t, 0)
-        if e.index in wanted:
-            out[e.index] = mask
-            mask |= bit[e.index]
+        own = items_of.get(e.index)
+        if own is not None:
+            reads[e.index] = mask
+            mask |= own
         if mask:
             for t in e.outputs:
                 of_tensor[t] = mask
-    return out
-
-
-def item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list[int]:
-    """Per item, the bitmask over ``items`` of those it depends on (through the program)."""
-    eqns = sorted({it.eqn for it in items})
-    position = {e: k for k, e in enumerate(eqns)}
-    key = ("ancestors", tuple(eqns))  # most plans sync the same gradients: walk once
-    if key not in program.memo:
-        if len(program.memo) > 64:
-            program.memo.clear()
-        program.memo[key] = ancestors(program, eqns)
-    reads = program.memo[key]
-    items_of = [0] * len(eqns)  # per equation, the bitmask of its items
-    for i, it in enumerate(items):
-        items_of[position[it.eqn]] |= 1 << i
-    out = []
-    for it in items:
-        mask, bits = 0, reads[it.eqn]
-        while bits:
-            low = bits & -bits
-            mask |= items_of[low.bit_length() - 1]
-            bits ^= low
-        out.append(mask)
-    return out
+    return [reads[it.eqn] for it in items]
 
 
 def group_all_reduces(
@@ -147,9 +126,9 @@ def group_all_reduces(
         merged = mask
         for i in members:
             merged |= deps[i]
-        for j in range(len(items)):  # the combined op depends on what any member depended on
-            if deps[j] & mask:
-                deps[j] |= merged
         taken = set(members)
         left = [i for i in left if i not in taken]
+        for j in left:  # the combined op depends on what any member depended on (only the
+            if deps[j] & mask:  # items left are asked again)
+                deps[j] |= merged
     return group

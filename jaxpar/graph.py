@@ -125,7 +125,7 @@ class Program:
     invar_paths: list[str]  # pytree path of each flat argument, e.g. "[0].params['Dense_0']"
     outvar_paths: list[str]  # pytree path of each flat result
     regions: list[Region] = dataclasses.field(default_factory=list)  # planned, outer first
-    # analyses of the program other modules keep for it (`combine.ancestors`), by key
+    # analyses of the program other modules keep for it (`tables.uniform`), by key
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def region_chain(self, region: int) -> list[int]:
