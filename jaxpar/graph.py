@@ -125,6 +125,9 @@ class Program:
     invar_paths: list[str]  # pytree path of each flat argument, e.g. "[0].params['Dense_0']"
     outvar_paths: list[str]  # pytree path of each flat result
     regions: list[Region] = dataclasses.field(default_factory=list)  # planned, outer first
+    # jax_threefry_partitionable when traced: each threefry random bit depends on the key and
+    # its own index alone, so XLA partitions `random_bits` like an elementwise op
+    threefry_partitionable: bool = False
     # analyses of the program other modules keep for it (`tables.uniform`), by key
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 

@@ -37,20 +37,15 @@ __all__ = ["RULES", "DimMap", "OpSpace", "register_rule", "replicated_space", "s
 
 def space_of(eqn: Equation, program: Program, warned: set[str] | None = None) -> OpSpace:
     """The equation's iteration space. Unknown primitives, and the documented replicated ones
-    (`REPLICATED_WARNED`: loops, custom calls, random bits), run replicated with one warning per
-    primitive that names it and the layer (``warned``: the primitives a planning run has
-    already warned about)."""
+    (`REPLICATED_WARNED`: loops, custom calls, random bits XLA cannot partition), run replicated
+    with one warning per primitive that names it, the layer and why (``warned``: the primitives
+    a planning run has already warned about)."""
     rule = RULES.get(eqn.primitive)
-    if rule is None or eqn.primitive in REPLICATED_WARNED:
+    why = _why_replicated(eqn, program, rule)
+    if why is not None:
         warned = set() if warned is None else warned
         if eqn.primitive not in warned:
             warned.add(eqn.primitive)
-            why = (
-                "has no sharding rule"
-                if rule is None
-                else "is planned as one replicated node (while loops, cond and custom calls are "
-                "not planned inside; scan is)"
-            )
             log.warning(
                 "jaxpar: primitive %r (in %s) %s; it runs replicated: its operands are gathered "
                 "and its results replicated on every device",
@@ -59,9 +54,21 @@ def space_of(eqn: Equation, program: Program, warned: set[str] | None = None) ->
                 why,
             )
         return replicated_space(eqn, program)
-    if any(program.tensors[t].opaque for t in eqn.outputs):
+    if rule is None or any(program.tensors[t].opaque for t in eqn.outputs):
         return replicated_space(eqn, program)
     return rule(eqn, program)
+
+
+def _why_replicated(eqn: Equation, program: Program, rule) -> str | None:
+    """Why ``eqn`` runs replicated with a warning, or None (it has a rule, or is bookkeeping)."""
+    if rule is None:
+        return "has no sharding rule"
+    if eqn.primitive == "random_bits" and not partitionable_bits(eqn, program):
+        return (
+            f"draws random bits from a {program.tensors[eqn.inputs[0]].dtype} key, which XLA "
+            "partitions only for threefry keys with jax_threefry_partitionable on (the default)"
+        )
+    return REPLICATED_WARNED.get(eqn.primitive)
 
 
 def _identity_maps(eqn: Equation, program: Program, out_shape: tuple[int, ...]) -> tuple:
@@ -345,6 +352,25 @@ def sort_rule(eqn: Equation, program: Program) -> OpSpace:
     )
 
 
+@register_rule("top_k", "approx_top_k")
+def top_k_rule(eqn: Equation, program: Program) -> OpSpace:
+    """The k largest along one axis (a mixture of experts' routing): values and indices follow
+    the operand on every other dim; the axis stays whole. ``flops = |operand| · max(1, log2 k)``
+    (compare-exchanges into a k-heap)."""
+    shape = out_shape(eqn, program)
+    src = shape_of(program, eqn.inputs[0])
+    p = eqn.params
+    axis = p["axis"] if "axis" in p else p["reduction_dimension"]
+    axis = axis % len(src)
+    n = len(shape)
+    in_map = tuple(None if d == axis else d for d in range(n))
+    ident = tuple(range(n))
+    return OpSpace(
+        shape, tuple(d != axis for d in range(n)), dim_names(n), (in_map,),
+        tuple(ident for _ in eqn.outputs), float(math.prod(src) * max(1.0, math.log2(p["k"]))),
+    )  # fmt: skip
+
+
 def _fixed_dims_rule(eqn: Equation, program: Program, fixed: set[int]) -> OpSpace:
     """Ops that keep rank but change/offset some dims: those dims are never split."""
     shape = out_shape(eqn, program)
@@ -486,34 +512,58 @@ def conv_rule(eqn: Equation, program: Program) -> OpSpace:
     )
 
 
-# Control flow, custom calls and random-bit generation: one replicated node each (documented).
-# Those that do real work replicated warn (once per planning run, naming the layer); key
+# Control flow, custom calls and random-bit generation XLA cannot partition: one replicated
+# node each (documented), warned about once per planning run with the reason here; key
 # bookkeeping (seed, wrap, split, fold_in) and debug callbacks are too small to mention.
-REPLICATED_WARNED = frozenset(
-    (
-        "scan", "while", "cond", "custom_call", "random_bits", "threefry2x32",
-        "rng_bit_generator", "rng_uniform", "pure_callback", "io_callback",
-    )
-)  # fmt: skip
+_LOOPS = (
+    "is planned as one replicated node (while loops, cond and custom calls are not planned "
+    "inside; scan is)"
+)
+_BITS = "generates random bits, which XLA's partitioner does not split"
+REPLICATED_WARNED = {
+    "scan": _LOOPS, "while": _LOOPS, "cond": _LOOPS, "custom_call": _LOOPS,
+    "pure_callback": "calls back into Python on the host",
+    "io_callback": "calls back into Python on the host",
+    "threefry2x32": _BITS, "rng_bit_generator": _BITS, "rng_uniform": _BITS,
+}  # fmt: skip
 for _name in [
-    "scan",
-    "while",
-    "cond",
-    "custom_call",
-    "random_bits",
+    *REPLICATED_WARNED,
     "random_seed",
     "random_wrap",
     "random_unwrap",
     "random_split",
     "random_fold_in",
-    "threefry2x32",
-    "rng_bit_generator",
-    "rng_uniform",
-    "pure_callback",
-    "io_callback",
     "debug_callback",
 ]:
     RULES[_name] = replicated_space
+
+# Integer operations per 32-bit word of JAX's partitionable threefry bits: an iota counter pair,
+# Threefry-2x32's 20 rounds of add, rotate (two shifts and an or) and xor with 5 key injections,
+# and the xor of the pair.
+THREEFRY_OPS = 120
+
+
+def partitionable_bits(eqn: Equation, program: Program) -> bool:
+    """Whether XLA can split ``random_bits``: a threefry key, traced with
+    jax_threefry_partitionable on, makes each bit from the key and its own index alone."""
+    return program.threefry_partitionable and program.tensors[eqn.inputs[0]].dtype == "key<fry>"
+
+
+@register_rule("random_bits")
+def random_bits_rule(eqn: Equation, program: Program) -> OpSpace:
+    """Random bits of a (replicated, opaque) key array: results ``key dims + shape``, every dim
+    splittable, each device drawing its own shard (bit-identical to the unsplit draw);
+    ``flops = THREEFRY_OPS · |result| · max(1, bit_width / 32)``. Keys XLA cannot partition
+    run replicated (`space_of`)."""
+    if not partitionable_bits(eqn, program):
+        return replicated_space(eqn, program)
+    shape = out_shape(eqn, program)
+    n, keys = len(shape), len(shape_of(program, eqn.inputs[0]))
+    words = max(1, eqn.params["bit_width"] // 32)
+    return OpSpace(
+        shape, (True,) * n, dim_names(n), ((None,) * keys,), (tuple(range(n)),),
+        float(THREEFRY_OPS * words * math.prod(shape)),
+    )  # fmt: skip
 
 
 @register_rule(

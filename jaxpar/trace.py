@@ -394,5 +394,6 @@ def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
         invar_paths=paths,
         outvar_paths=out_paths,
         regions=flat.regions,
+        threefry_partitionable=bool(jax.config.jax_threefry_partitionable),
     )
     return program, out_tree

@@ -1,6 +1,6 @@
 """Rules for primitives Flax code emits (docs/design.md, "Test tiers": numerics + api): bit casts,
-key clones and the scatter family have real rules; replicated fallbacks, loops included, warn
-once naming the primitive and the layer."""
+key clones, dropout's random bits, top-k and the scatter family have real rules; replicated
+fallbacks, loops included, warn once naming the primitive, the layer and why."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import assert_equivalent
 
 import jaxpar
 from jaxpar.rules import space_of
@@ -95,3 +96,103 @@ def test_loops_warn_once_naming_the_layer(mesh, caplog):
     messages = [r.getMessage() for r in caplog.records if "'while'" in r.getMessage()]
     assert len(messages) == 1, messages  # two loops, one warning per planning run
     assert "Cumulative" in messages[0] and "replicated" in messages[0]
+
+
+class _DropoutMLP:
+    """A linen MLP with dropout on its hidden and output activations, and its Adam step."""
+
+    def __init__(self):
+        import flax.linen as nn
+        import optax
+
+        class MLP(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                h = nn.Dropout(0.25, deterministic=False)(nn.relu(nn.Dense(1024)(x)))
+                return nn.Dropout(0.5, deterministic=False)(nn.Dense(64)(h))
+
+        self.model, self.tx = MLP(), optax.adam(1e-2)
+
+    def step(self, params, opt, x, key):
+        import optax
+
+        def loss(p):
+            out = self.model.apply({"params": p}, x, rngs={"dropout": key})
+            return (out**2).mean()
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt = self.tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), opt, value
+
+    def args(self, key_impl=None):
+        x = jnp.cos(jnp.arange(512 * 256, dtype=jnp.float32)).reshape(512, 256)
+        params = self.model.init(jax.random.key(1), x)["params"]
+        return params, self.tx.init(params), x, jax.random.key(7, impl=key_impl)
+
+
+@pytest.mark.parametrize("shape", [(8,), (2, 4), (2, 2, 2)])
+def test_dropout_draws_its_bits_sharded_and_keeps_the_numbers(shape, caplog):
+    """Threefry bits are partitionable (each from the key and its index): the plan splits
+    dropout's draws with the batch, the sharded step equals the unsharded one, nothing warns."""
+    m = _DropoutMLP()
+    args = m.args()
+    mesh = jaxpar.make_mesh(dict(zip(("a", "b", "c"), shape, strict=False)))
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        step = jaxpar.auto_shard(m.step, mesh=mesh)
+        out = step(*args)
+    assert not [r for r in caplog.records if "random_bits" in r.getMessage()]
+    ref = jax.jit(m.step)(*args)
+    assert_equivalent(out, ref)
+    plan = step.plan
+    draws = [e for e in plan.program.eqns if e.primitive == "random_bits"]
+    assert len(draws) == 2 and not any(s.replicated for s in _spaces(step, "random_bits"))
+    hidden = max(draws, key=lambda e: plan.program.tensors[e.outputs[0]].size)
+    assert any(plan.tensor_specs[hidden.outputs[0]]), "the hidden layer's bits drawn whole"
+
+
+def test_dropout_masks_are_bit_identical_when_sharded(mesh):
+    def masked(x, key):
+        keep = jax.random.bernoulli(key, 0.5, x.shape)
+        return jnp.where(keep, x * 2.0, 0.0)
+
+    x = jnp.arange(32 * 64, dtype=jnp.float32).reshape(32, 64)
+    key = jax.random.key(3)
+    step = jaxpar.auto_shard(masked, mesh=mesh)
+    out = step(x, key)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(masked)(x, key)))
+    (draw,) = [e for e in step.plan.program.eqns if e.primitive == "random_bits"]
+    assert any(step.plan.tensor_specs[draw.outputs[0]])  # drawn in shards
+
+
+@pytest.mark.api
+def test_random_bits_of_an_rbg_key_run_replicated_with_one_warning(mesh, caplog):
+    """XLA does not partition rng_bit_generator: an rbg key's draws stay replicated, and the
+    warning says why."""
+    m = _DropoutMLP()
+    args = m.args(key_impl="rbg")
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        step = jaxpar.auto_shard(m.step, mesh=mesh)
+        out = step(*args)
+    messages = [r.getMessage() for r in caplog.records if "'random_bits'" in r.getMessage()]
+    assert len(messages) == 1, messages  # two draws, one warning
+    assert "key<rbg>" in messages[0] and "jax_threefry_partitionable" in messages[0]
+    assert all(s.replicated for s in _spaces(step, "random_bits"))
+    ref = jax.jit(m.step)(*args)
+    assert_equivalent(out, ref)
+
+
+def test_top_k_splits_every_dim_but_its_axis(mesh):
+    """A mixture of experts' routing: top-k over the experts, per token."""
+
+    def route(x, w):
+        scores = jnp.einsum("btd,de->bte", x, w)
+        values, experts = jax.lax.top_k(scores, 2)
+        return jax.nn.softmax(values, axis=-1) * experts.astype(jnp.float32)
+
+    x = jnp.arange(8 * 16 * 32, dtype=jnp.float32).reshape(8, 16, 32) / 4096
+    w = jnp.cos(jnp.arange(32 * 8, dtype=jnp.float32)).reshape(32, 8)
+    step = jaxpar.auto_shard(route, mesh=mesh)
+    np.testing.assert_allclose(np.asarray(step(x, w)), np.asarray(jax.jit(route)(x, w)), 1e-5)
+    (space,) = _spaces(step, "top_k")
+    assert space.sizes == (8, 16, 2) and space.splittable == (True, True, False)
+    assert space.in_maps == ((0, 1, None),) and len(space.out_maps) == 2
