@@ -26,7 +26,7 @@ from .cost import CostParams, is_grad_sync, node_collectives, node_dtype, node_p
 from .graph import shape_str
 from .hardware.speeds import MeshSpeeds
 from .nodes import NodeGraph
-from .overlap import COMM, Timeline
+from .overlap import COMM, Timeline, list_schedule
 from .reshard import SLICE, local_priced, local_time, priced_steps, reshard_path, step_time
 from .tables import CostTables, uniform
 
@@ -330,12 +330,13 @@ def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, floa
 
 
 def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
-    """The step on a compute and a communication stream (`overlap`): nodes in program order,
-    each after the reshards it reads through; deferred reads (the state into the next step's
-    layout, a scan's carry) at the end."""
-    uses = ctx.tables.uses
+    """The step on a compute and a communication stream (`overlap`): nodes list-scheduled in
+    program order (`overlap.list_schedule`), each after the reshards it reads through; deferred
+    reads (the state into the next step's layout, a scan's carry) at the end."""
+    uses, regions = ctx.tables.uses, [n.region for n in ctx.ng.nodes]
     line = Timeline()
     order, into, deferred, srcs = _stream_order(ctx)
+    running = set(order)
 
     def read(u: int) -> int | None:
         last = None
@@ -344,13 +345,17 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
         return last if last is not None else line.ready.get(uses[u].src)
 
     ready = line.ready
-    groups, closes, member_of = _combined_groups(order, colls, own_of)
+    groups, member_of = _combined_groups(order, colls, own_of)
+    left = {g: len(members) for g, (members, _) in groups.items()}  # members not yet run
     # nodes run before a group's collective that read its members' results, directly or not
     # (a weight gradient's transpose): their results are ready only once it has finished
     waits: dict[int, set[int]] = {}  # node -> the open groups it waits for
     waiting: dict[int, list[int]] = {g: [] for g in groups}  # open group -> its waiting nodes
-    for v in order:
-        reads = [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
+
+    def issue(v: int) -> list[int | None]:
+        return [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
+
+    def run(v: int, reads: list[int | None]) -> None:
         before, after = [], []
         for k in own_of[v]:
             c = colls[k]
@@ -366,22 +371,30 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
                 waiting[g].append(v)
         # a combined group's collective, once its last member has run: one collective takes
         # every operand
-        for g in closes.get(v, ()):
+        for g in member_of.get(v, ()):
+            left[g] -= 1
+            if left[g]:
+                continue
             members, ks = groups[g]
             seconds = sum(colls[k].time_s - riding.get(k, 0.0) for k in ks)
             task = line.add(COMM, seconds, [ready[m] for m in members])
             for t in waiting.pop(g):
                 if line.finish[task] > line.finish[ready[t]]:
                     ready[t] = task
+
+    def producers(v: int) -> list[int]:
+        return [srcs[u] for u in into.get(v, ()) if srcs[u] in running]
+
+    list_schedule(line, order, producers, regions.__getitem__, issue, run)
     for u in deferred:
         read(u)
     return line
 
 
-def _combined_groups(order: list[int], colls: list[Collective], own_of) -> tuple[dict, dict, dict]:
+def _combined_groups(order: list[int], colls: list[Collective], own_of) -> tuple[dict, dict]:
     """The combined all-reduces of more than one member, as group -> (its members' nodes, its
-    collectives); node -> the groups whose last member (in stream order) it is (one collective
-    takes every operand, so it starts once all of them are ready); node -> its groups."""
+    collectives), and node -> its groups. One collective takes every operand, so it starts
+    once its last member has run."""
     nodes: dict[int, list[int]] = {}
     members: dict[int, list[int]] = {}
     for v in order:
@@ -390,14 +403,13 @@ def _combined_groups(order: list[int], colls: list[Collective], own_of) -> tuple
             if g >= 0:
                 nodes.setdefault(g, []).append(v)
                 members.setdefault(g, []).append(k)
-    groups, closes, member_of = {}, {}, {}
+    groups, member_of = {}, {}
     for g, ks in members.items():
         if len(ks) > 1:
             groups[g] = (list(dict.fromkeys(nodes[g])), ks)
-            closes.setdefault(nodes[g][-1], []).append(g)
             for v in groups[g][0]:
                 member_of.setdefault(v, set()).add(g)
-    return groups, closes, member_of
+    return groups, member_of
 
 
 def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], list[int], list[int]]:

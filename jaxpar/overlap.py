@@ -5,7 +5,11 @@ asynchronously: gradient all-reduces behind the rest of the backward pass, all-g
 parameters ahead of their use. `overlapped_step` schedules the planned step on two in-order
 streams and returns its makespan:
 
-- the compute stream runs the nodes in program order, each for its t_C;
+- the compute stream runs the nodes as a list scheduler whose priority is program order
+  (`list_schedule`): when it is free, the first node in program order whose inputs are ready
+  runs, so a node waiting on communication (a weight gradient's transpose on its all-reduce)
+  lets independent later nodes (the layers below's backward) run first, as XLA's scheduler
+  does; a node runs for its t_C, and a loop body's nodes all run before the next region's;
 - the communication stream runs, in the order they are issued, the reshard steps a node reads
   through (issued just before the node, each after the data it moves is ready) and each node's
   own collectives (partial sums after its compute; a halo exchange before it);
@@ -31,7 +35,8 @@ Pure: no jax import.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import heapq
+from collections.abc import Callable, Sequence
 
 COMPUTE, COMM = 0, 1
 
@@ -97,3 +102,73 @@ class Timeline:
 
     def makespan(self) -> float:
         return max(self.finish, default=0.0)
+
+
+def list_schedule(
+    line: Timeline,
+    order: Sequence[int],
+    producers: Callable[[int], Sequence[int]],
+    region: Callable[[int], int],
+    issue: Callable[[int], list[int | None]],
+    run: Callable[[int, list[int | None]], None],
+) -> None:
+    """Run the nodes of ``order`` (program order) on ``line``'s compute stream: whenever the
+    stream is free, the first node in program order that can start then, else the node that
+    can start first (ties: program order). A node's inputs are issued (``issue(v)``: the tasks
+    it waits on, reshards added to the communication stream) once every node of
+    ``producers(v)`` has run; ``run(v, tasks)`` adds its compute and its own collectives. The
+    nodes of one ``region`` (a loop body) all run before a node of the next."""
+    position = {v: k for k, v in enumerate(order)}
+    waiting: dict[int, list[int | None]] = {}  # issued, not run: the tasks each waits on
+    later: list[tuple[float, int, int]] = []  # (ready at, position, node) of issued nodes
+    now: list[tuple[int, int]] = []  # (position, node): issued and ready when the stream is
+    missing: dict[int, int] = {}  # node -> its producers not yet run
+    blocked: dict[int, list[int]] = {}  # node -> the nodes its run unblocks
+    done: set[int] = set()
+
+    def issued(v: int) -> None:
+        tasks = issue(v)
+        waiting[v] = tasks
+        ready = max((line.finish[t] for t in tasks if t is not None), default=0.0)
+        heapq.heappush(later, (ready, position[v], v))
+
+    def run_first(flush: bool) -> bool:
+        """Run the first ready node; with ``flush``, wait for the earliest when none is."""
+        free = line.free[COMPUTE]
+        while later and later[0][0] <= free:
+            _, k, v = heapq.heappop(later)
+            heapq.heappush(now, (k, v))
+        if not now and flush and later:
+            ready = later[0][0]
+            while later and later[0][0] <= ready:
+                _, k, v = heapq.heappop(later)
+                heapq.heappush(now, (k, v))
+        if not now:
+            return False
+        _, v = heapq.heappop(now)
+        run(v, waiting.pop(v))
+        done.add(v)
+        for w in blocked.pop(v, ()):
+            missing[w] -= 1
+            if not missing[w]:
+                del missing[w]
+                issued(w)
+        return True
+
+    current = None
+    for v in order:
+        if region(v) != current:
+            while run_first(flush=True):  # a region's nodes run before the next region's
+                pass
+            current = region(v)
+        absent = [p for p in dict.fromkeys(producers(v)) if p not in done]
+        if absent:
+            missing[v] = len(absent)
+            for p in absent:
+                blocked.setdefault(p, []).append(v)
+        else:
+            issued(v)
+        while run_first(flush=False):
+            pass
+    while run_first(flush=True):
+        pass

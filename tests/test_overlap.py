@@ -5,7 +5,7 @@ import pytest
 
 import jaxpar
 import models
-from jaxpar.overlap import COMM, COMPUTE, Task, Timeline, schedule
+from jaxpar.overlap import COMM, COMPUTE, Task, Timeline, list_schedule, schedule
 
 
 def _event_simulation(tasks: list[Task]) -> list[int]:
@@ -45,6 +45,93 @@ def test_one_pass_schedule_equals_an_event_simulation(seed):
     assert schedule(tasks) == pytest.approx(_event_simulation(tasks))
 
 
+def _node_event_simulation(compute, after, producers, regions) -> tuple[int, list[int]]:
+    """Brute force of `list_schedule`: advance time one unit at a time. An idle compute stream
+    starts the first node in program order whose producers' results are ready (their compute,
+    and their all-reduce if any, finished) and whose earlier regions have all started; a node's
+    all-reduce is issued when its compute starts and the communication stream runs them in that
+    order, each after its node's compute. Returns (makespan, the order nodes started in)."""
+    n = len(compute)
+    started, result_at, comm_queue, started_order = {}, {}, [], []
+    comm_busy_until, t = 0, 0
+    compute_busy_until = 0
+    comm_running = None
+    while len(result_at) < n or comm_running is not None:
+        changed = True
+        while changed:
+            changed = False
+            if comm_running is not None and comm_busy_until <= t:
+                result_at[comm_running] = comm_busy_until
+                comm_running, changed = None, True
+            for v in list(started):  # results of nodes without an all-reduce
+                end = started[v] + compute[v]
+                if not after[v] and v not in result_at and end <= t:
+                    result_at[v], changed = end, True
+            if comm_running is None and comm_queue:
+                v = comm_queue[0]
+                if started[v] + compute[v] <= t:
+                    comm_queue.pop(0)
+                    comm_running, comm_busy_until, changed = v, t + after[v], True
+            if compute_busy_until <= t:
+                for v in range(n):
+                    earlier = [w for w in range(n) if regions[w] < regions[v]]
+                    if v in started or any(w not in started for w in earlier):
+                        continue
+                    if all(p in result_at and result_at[p] <= t for p in producers[v]):
+                        started[v], compute_busy_until, changed = t, t + compute[v], True
+                        started_order.append(v)
+                        if after[v]:
+                            comm_queue.append(v)
+                        break
+        t += 1
+    return max(result_at.values(), default=0), started_order
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("seed", range(40))
+def test_list_schedule_equals_an_event_simulation(seed):
+    """Random node graphs (program order topological, loop regions in runs, some nodes
+    all-reducing their results): `list_schedule` on a `Timeline` gives the brute force's
+    makespan and start order."""
+    rs = np.random.RandomState(seed)
+    n = int(rs.randint(1, 14))
+    compute = [int(rs.randint(0, 6)) for _ in range(n)]
+    after = [int(rs.randint(0, 5)) if rs.rand() < 0.5 else 0 for _ in range(n)]
+    producers = [sorted(set(rs.randint(0, v, size=rs.randint(0, 3)).tolist())) if v else []
+                 for v in range(n)]  # fmt: skip
+    regions = np.cumsum(rs.rand(n) < 0.15).tolist()
+    line, ran = Timeline(), []
+
+    def issue(v):
+        return [line.ready[p] for p in producers[v]]
+
+    def run(v, tasks):
+        ran.append(v)
+        line.node(v, float(compute[v]), tasks, [], [float(after[v])] if after[v] else [])
+
+    list_schedule(line, range(n), producers.__getitem__, regions.__getitem__, issue, run)
+    makespan, order = _node_event_simulation(compute, after, producers, regions)
+    assert line.makespan() == pytest.approx(makespan)
+    assert ran == order
+
+
+@pytest.mark.closed_form
+def test_a_node_waiting_on_an_all_reduce_lets_independent_nodes_run():
+    """Node 0 computes 2 and all-reduces 5; node 1 (1) reads it; node 2 (4) does not. In program
+    order node 1 would wait until 7 and node 2 end at 12; list-scheduled, node 2 runs while the
+    all-reduce does and node 1 after it: 8."""
+    line = Timeline()
+    producers = {0: [], 1: [0], 2: []}
+    compute, after = {0: 2.0, 1: 1.0, 2: 4.0}, {0: [5.0], 1: [], 2: []}
+
+    def run(v, tasks):
+        line.node(v, compute[v], tasks, [], after[v])
+
+    list_schedule(line, [0, 1, 2], producers.__getitem__, lambda v: -1,
+                  lambda v: [line.ready[p] for p in producers[v]], run)  # fmt: skip
+    assert line.makespan() == 8.0
+
+
 @pytest.mark.closed_form
 def test_a_gradient_all_reduce_hides_behind_independent_compute():
     """Node A computes 2 then all-reduces 3; node B (4) does not read A: the all-reduce runs
@@ -60,11 +147,13 @@ def test_a_gradient_all_reduce_hides_behind_independent_compute():
 @pytest.mark.closed_form
 @pytest.mark.parametrize("name", ["gpt_small", "cnn"])
 def test_overlapped_step_lies_between_compute_and_eq1(name):
-    """compute ≤ overlapped ≤ combined ≤ Eq. 1 for every strategy. Data parallelism hides
-    nothing here: the small GPT's gradient all-reduces combine into one collective, which takes
-    every operand and so starts after the last gradient; the CNN's batch norms' backward
-    all-reduces lie on the critical path, and XLA's combiner merges each with the
-    weight-gradient all-reduces beside it, which then wait with it."""
+    """compute ≤ overlapped ≤ combined ≤ Eq. 1 for every strategy. Data parallelism on the
+    small GPT: its gradient all-reduces combine into one collective, which takes every operand
+    and so starts after the last gradient; only work that reads no gradient (Adam's step count)
+    runs beside it. On the CNN, the batch norms' backward all-reduces (combined with the
+    weight-gradient all-reduces beside them) lie on the backward pass's critical path, and the
+    list scheduler runs the weight gradients and the updates of the layers already reduced
+    while they wait (in program order, nothing hid)."""
     ex = models.get(name, small=True)
     for strategy in ("auto", "data", "model", "fsdp"):
         plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="p100",
@@ -76,7 +165,11 @@ def test_overlapped_step_lies_between_compute_and_eq1(name):
         if strategy == "data":
             groups = {"gpt_small": 1, "cnn": 12}[name]  # the CNN's closed by the batch norms
             assert c.combined_all_reduces == groups
-            assert c.overlapped_step_s == pytest.approx(c.combined_step_s, rel=1e-5), c
+            hidden = (c.combined_step_s - c.overlapped_step_s) / (c.combined_step_s - c.compute_s)
+            if name == "gpt_small":
+                assert 0 < hidden < 0.1, c  # Adam's step count: 2 nodes of 4 µs
+            else:
+                assert hidden > 0.5, c
 
 
 @pytest.mark.closed_form
