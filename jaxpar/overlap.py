@@ -2,8 +2,8 @@
 
 OptCNN's Eq. 1 adds every collective to compute. XLA's GPU/TPU schedulers run collectives
 asynchronously: gradient all-reduces behind the rest of the backward pass, all-gathers of
-parameters ahead of their use. `overlapped_step` schedules the planned step on two in-order
-streams and returns its makespan:
+parameters ahead of their use. `evaluate` schedules the planned step on two streams and takes
+its makespan:
 
 - the compute stream runs the nodes as a list scheduler whose priority is program order
   (`list_schedule`): when it is free, the first node in program order whose inputs are ready
@@ -11,8 +11,9 @@ streams and returns its makespan:
   lets independent later nodes (the layers below's backward) run first, as XLA's scheduler
   does; a node runs for its t_C, and a loop body's nodes all run before the next region's;
 - the communication stream runs, in the order they are issued, the reshard steps a node reads
-  through (issued just before the node, each after the data it moves is ready) and each node's
-  own collectives (partial sums after its compute; a halo exchange before it);
+  through (issued with the node's inputs, once its producers have run; each after the data it
+  moves is ready) and each node's own collectives (partial sums after its compute; a halo
+  exchange before it);
 - a task starts when its stream is free and the tasks it depends on have finished:
   ``start = max(stream free, max finish of its dependencies)`` (`schedule`, one pass: every
   dependency is issued before its dependents).
@@ -25,8 +26,8 @@ collective, which takes every operand: it is issued after the group's last membe
 latency once, and every member's results are ready when it finishes, as are the results of the
 nodes run before it that read them, directly or not (`evaluate._timeline`).
 
-The schedule is never longer than Eq. 1's sum (no stream idles while a ready task waits on it),
-so Eq. 1 is an upper bound of the overlapped step, and that bound is what the search minimizes
+The schedule is never longer than Eq. 1's sum (no stream idles while the other has nothing
+running), so Eq. 1 is an upper bound of the overlapped step, and that bound is what the search minimizes
 (docs/design.md, "Overlapped step").
 
 Pure: no jax import.
