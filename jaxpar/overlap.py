@@ -27,8 +27,8 @@ latency once, and every member's results are ready when it finishes, as are the 
 nodes run before it that read them, directly or not (`evaluate._timeline`).
 
 The schedule is never longer than Eq. 1's sum (no stream idles while the other has nothing
-running), so Eq. 1 is an upper bound of the overlapped step, and that bound is what the search minimizes
-(docs/design.md, "Overlapped step").
+running), so Eq. 1 is an upper bound of the overlapped step, and that bound is what the search
+minimizes (docs/design.md, "Overlapped step").
 
 Pure: no jax import.
 """
