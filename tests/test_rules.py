@@ -196,3 +196,45 @@ def test_top_k_splits_every_dim_but_its_axis(mesh):
     (space,) = _spaces(step, "top_k")
     assert space.sizes == (8, 16, 2) and space.splittable == (True, True, False)
     assert space.in_maps == ((0, 1, None),) and len(space.out_maps) == 2
+
+
+def test_dropout_inside_a_scanned_stack_is_drawn_in_shards(mesh):
+    """`nn.scan` over blocks with dropout (``split_rngs`` for it, as production stacks do):
+    the draw is planned inside the loop body, split, and the step equals the unsharded one."""
+    import flax.linen as nn
+    import optax
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            h = nn.Dropout(0.1, deterministic=False)(nn.gelu(nn.Dense(256)(nn.LayerNorm()(x))))
+            return x + nn.Dense(64)(h), None
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            layers = nn.scan(
+                Block, variable_axes={"params": 0}, length=4,
+                split_rngs={"params": True, "dropout": True},
+            )  # fmt: skip
+            return layers()(x, None)[0].mean()
+
+    model, tx = Stack(), optax.adam(1e-3)
+    x = jnp.cos(jnp.arange(64 * 32 * 64, dtype=jnp.float32)).reshape(64, 32, 64)
+    params = model.init({"params": jax.random.key(1), "dropout": jax.random.key(2)}, x)["params"]
+
+    def step(params, opt, x, key):
+        def loss(p):
+            return model.apply({"params": p}, x, rngs={"dropout": key}) ** 2
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), opt, value
+
+    args = (params, tx.init(params), x, jax.random.key(0))
+    sharded = jaxpar.auto_shard(step, mesh=mesh)
+    assert_equivalent(sharded(*args), jax.jit(step)(*args))
+    plan = sharded.plan
+    (draw,) = [e for e in plan.program.eqns if e.primitive == "random_bits"]
+    assert draw.region >= 0 and plan.program.regions[draw.region].trips == 4  # in the body
+    assert any(plan.tensor_specs[draw.outputs[0]])
