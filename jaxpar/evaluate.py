@@ -335,8 +335,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
     reads (the state into the next step's layout, a scan's carry) at the end."""
     uses, regions = ctx.tables.uses, [n.region for n in ctx.ng.nodes]
     line = Timeline()
-    order, into, deferred, srcs = _stream_order(ctx)
-    running = set(order)
+    order, into, deferred, srcs, producers = _stream_order(ctx)
 
     def read(u: int) -> int | None:
         last = None
@@ -382,10 +381,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
                 if line.finish[task] > line.finish[ready[t]]:
                     ready[t] = task
 
-    def producers(v: int) -> list[int]:
-        return [srcs[u] for u in into.get(v, ()) if srcs[u] in running]
-
-    list_schedule(line, order, producers, regions.__getitem__, issue, run)
+    list_schedule(line, order, lambda v: producers.get(v, ()), regions.__getitem__, issue, run)
     for u in deferred:
         read(u)
     return line
@@ -412,11 +408,12 @@ def _combined_groups(order: list[int], colls: list[Collective], own_of) -> tuple
     return groups, member_of
 
 
-def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], list[int], list[int]]:
+def _stream_order(ctx: EvalContext) -> tuple[list, dict, list, list, dict]:
     """What the timeline of every assignment shares (kept in ``ctx.memo``): the nodes that run,
     in program order (an argument's node is ready at the start; the optimizer updates that
     joined it run where its last member does), the reads each waits on, the deferred reads
-    (of a producer that runs later), and each read's producing node."""
+    (of a producer that runs later), each read's producing node, and each node's producers
+    that run."""
     if "stream order" not in ctx.memo:
         ng = ctx.ng
         position = [max((m.eqn for m in n.members), default=-1) if n.anchor < 0 else n.anchor
@@ -432,7 +429,12 @@ def _stream_order(ctx: EvalContext) -> tuple[list[int], dict[int, list[int]], li
                 deferred.append(u)
         running = [v for v in order if position[v] >= 0]
         sources = [use.src for use in ctx.tables.uses]
-        ctx.memo["stream order"] = (running, into, deferred, sources)
+        runs = set(running)
+        producers = {  # per node, the nodes that run whose results it waits on
+            v: list(dict.fromkeys(sources[u] for u in us if sources[u] in runs))
+            for v, us in into.items()
+        }
+        ctx.memo["stream order"] = (running, into, deferred, sources, producers)
     return ctx.memo["stream order"]
 
 

@@ -127,11 +127,22 @@ def list_schedule(
     blocked: dict[int, list[int]] = {}  # node -> the nodes its run unblocks
     done: set[int] = set()
 
+    def ready_at(tasks: list[int | None]) -> float:
+        return max((line.finish[t] for t in tasks if t is not None), default=0.0)
+
     def issued(v: int) -> None:
         tasks = issue(v)
         waiting[v] = tasks
-        ready = max((line.finish[t] for t in tasks if t is not None), default=0.0)
-        heapq.heappush(later, (ready, position[v], v))
+        heapq.heappush(later, (ready_at(tasks), position[v], v))
+
+    def start(v: int, tasks: list[int | None]) -> None:
+        run(v, tasks)
+        done.add(v)
+        for w in blocked.pop(v, ()):
+            missing[w] -= 1
+            if not missing[w]:
+                del missing[w]
+                issued(w)
 
     def run_first(flush: bool) -> bool:
         """Run the first ready node; with ``flush``, wait for the earliest when none is."""
@@ -147,13 +158,7 @@ def list_schedule(
         if not now:
             return False
         _, v = heapq.heappop(now)
-        run(v, waiting.pop(v))
-        done.add(v)
-        for w in blocked.pop(v, ()):
-            missing[w] -= 1
-            if not missing[w]:
-                del missing[w]
-                issued(w)
+        start(v, waiting.pop(v))
         return True
 
     current = None
@@ -162,11 +167,19 @@ def list_schedule(
             while run_first(flush=True):  # a region's nodes run before the next region's
                 pass
             current = region(v)
-        absent = [p for p in dict.fromkeys(producers(v)) if p not in done]
+        absent = [p for p in producers(v) if p not in done]
         if absent:
             missing[v] = len(absent)
             for p in absent:
                 blocked.setdefault(p, []).append(v)
+        elif not later and not now:  # nothing else waits: run it now if it can start
+            tasks = issue(v)
+            ready = ready_at(tasks)
+            if ready <= line.free[COMPUTE]:
+                start(v, tasks)
+            else:
+                waiting[v] = tasks
+                heapq.heappush(later, (ready, position[v], v))
         else:
             issued(v)
         while run_first(flush=False):
