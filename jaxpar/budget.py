@@ -30,8 +30,8 @@ pricing memory into it (docs/design.md, "Memory budget"):
    (llama3_70b unrolled over 1,024 H100s: 2.61 s per step at 18 GB, where the two starts
    alone end at 3.16 s and 25 GB). It does not re-cut the mesh axes (`kcut.recut_and_descend`):
    that gives this case 2.43 s at 20 GB, but puts scanned llama3_70b over 64 H100s at 2.2x the
-   planning time without the budget (docs/design.md). Under ``objective="overlap"`` three
-   more solves, at 4, 16 and 64 × that λ (`OVERLAP_PROBES`): the hull's plans past it hold
+   planning time without the budget (docs/design.md). Under ``objective="overlap"`` two
+   more solves, at 4 and 64 × that λ (`OVERLAP_PROBES`): the hull's plans past it hold
    less memory and more communication, which the overlapped step may hide while Eq. 1 charges
    it (scanned llama3_8b over 64 H100s at 0.8 × its free peak: 218.6 -> 202.3 ms, the plan at
    4 ×; scanned llama3_70b at 0.25: 2,393 -> 2,330 ms, at 64 ×).
@@ -69,7 +69,7 @@ STALL_STEPS = 2  # stop growing λ after this many steps that lower the peak by 
 TIME_GAIN = 0.01  # stop bisecting once the bracket's plans are within this of each other
 RESOLUTION = 3.0  # or once the bracket's λs are within this factor
 # under "overlap": λs past the smallest that fit, × these (`fit_budget`)
-OVERLAP_PROBES = (4.0, 16.0, 64.0)
+OVERLAP_PROBES = (4.0, 64.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +285,7 @@ def fit_budget(
             # the hull's plans past it hold less memory and more communication, which the
             # overlapped step may hide: Eq. 1 ranks them lower, the overlapped step need not
             for factor in OVERLAP_PROBES:
-                solve_at(hi * factor)
+                solve_at(hi * factor, from_free=False)
     best = seen.best_fit()
     if best is None:
         raise MemoryBudgetError(_no_fit_message(seen.smallest(), budget, model))
