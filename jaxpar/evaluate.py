@@ -333,7 +333,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
     """The step on a compute and a communication stream (`overlap`): nodes list-scheduled in
     program order (`overlap.list_schedule`), each after the reshards it reads through; deferred
     reads (the state into the next step's layout, a scan's carry) at the end."""
-    uses, regions = ctx.tables.uses, [n.region for n in ctx.ng.nodes]
+    uses, nodes = ctx.tables.uses, ctx.ng.nodes
     line = Timeline()
     order, into, deferred, srcs, producers = _stream_order(ctx)
 
@@ -381,7 +381,9 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
                 if line.finish[task] > line.finish[ready[t]]:
                     ready[t] = task
 
-    list_schedule(line, order, lambda v: producers.get(v, ()), regions.__getitem__, issue, run)
+    list_schedule(
+        line, order, lambda v: producers.get(v, ()), lambda v: nodes[v].region, issue, run
+    )
     for u in deferred:
         read(u)
     return line

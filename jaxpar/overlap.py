@@ -127,13 +127,11 @@ def list_schedule(
     blocked: dict[int, list[int]] = {}  # node -> the nodes its run unblocks
     done: set[int] = set()
 
-    def ready_at(tasks: list[int | None]) -> float:
-        return max((line.finish[t] for t in tasks if t is not None), default=0.0)
-
     def issued(v: int) -> None:
         tasks = issue(v)
         waiting[v] = tasks
-        heapq.heappush(later, (ready_at(tasks), position[v], v))
+        ready = max((line.finish[t] for t in tasks if t is not None), default=0.0)
+        heapq.heappush(later, (ready, position[v], v))
 
     def start(v: int, tasks: list[int | None]) -> None:
         run(v, tasks)
@@ -172,14 +170,6 @@ def list_schedule(
             missing[v] = len(absent)
             for p in absent:
                 blocked.setdefault(p, []).append(v)
-        elif not later and not now:  # nothing else waits: run it now if it can start
-            tasks = issue(v)
-            ready = ready_at(tasks)
-            if ready <= line.free[COMPUTE]:
-                start(v, tasks)
-            else:
-                waiting[v] = tasks
-                heapq.heappush(later, (ready, position[v], v))
         else:
             issued(v)
         while run_first(flush=False):

@@ -63,11 +63,9 @@ def _why_replicated(eqn: Equation, program: Program, rule) -> str | None:
     """Why ``eqn`` runs replicated with a warning, or None (it has a rule, or is bookkeeping)."""
     if rule is None:
         return "has no sharding rule"
-    if eqn.primitive == "random_bits" and not partitionable_bits(eqn, program):
-        return (
-            f"draws random bits from a {program.tensors[eqn.inputs[0]].dtype} key, which XLA "
-            "partitions only for threefry keys with jax_threefry_partitionable on (the default)"
-        )
+    when = REPLICATED_WHEN.get(eqn.primitive)
+    if when is not None:
+        return when(eqn, program)
     return REPLICATED_WARNED.get(eqn.primitive)
 
 
@@ -549,12 +547,22 @@ def partitionable_bits(eqn: Equation, program: Program) -> bool:
     return program.threefry_partitionable and program.tensors[eqn.inputs[0]].dtype == "key<fry>"
 
 
+def _unsplit_bits(eqn: Equation, program: Program) -> str | None:
+    """Why `random_bits_rule` keeps these bits replicated, or None when it splits them."""
+    if partitionable_bits(eqn, program):
+        return None
+    return (
+        f"draws random bits from a {program.tensors[eqn.inputs[0]].dtype} key, which XLA "
+        "partitions only for threefry keys with jax_threefry_partitionable on (the default)"
+    )
+
+
 @register_rule("random_bits")
 def random_bits_rule(eqn: Equation, program: Program) -> OpSpace:
     """Random bits of a (replicated, opaque) key array: results ``key dims + shape``, every dim
     splittable, each device drawing its own shard (bit-identical to the unsplit draw);
     ``flops = THREEFRY_OPS · |result| · max(1, bit_width / 32)``. Keys XLA cannot partition
-    run replicated (`space_of`)."""
+    run replicated, with a warning that says why (`REPLICATED_WHEN`)."""
     if not partitionable_bits(eqn, program):
         return replicated_space(eqn, program)
     shape = out_shape(eqn, program)
@@ -564,6 +572,11 @@ def random_bits_rule(eqn: Equation, program: Program) -> OpSpace:
         shape, (True,) * n, dim_names(n), ((None,) * keys,), (tuple(range(n)),),
         float(THREEFRY_OPS * words * math.prod(shape)),
     )  # fmt: skip
+
+
+# Primitives whose rule runs them replicated only in some cases: per primitive, why (for the
+# warning), or None when the rule splits them
+REPLICATED_WHEN = {"random_bits": _unsplit_bits}
 
 
 @register_rule(

@@ -451,27 +451,12 @@ def test_budget_finds_the_hull_plan_a_dense_sweep_of_multipliers_finds():
     Under Eq. 1 (objective "time"), the Lagrangian's own objective: under "overlap" the budget
     finds the same plan, and the sweep one Eq. 1 ranks below it whose overlapped step is 1.6 %
     shorter (docs/design.md, "Memory budget")."""
-    from jaxpar.budget import _Proxy
-    from jaxpar.evaluate import evaluate
-    from jaxpar.search import Problem, solve
-
     ex, mesh = example("gpt_small"), {"data": 2, "model": 4}
     kw = dict(mesh=mesh, cluster="p100", objective="time")
     free = jaxpar.plan(ex.step, *ex.args, memory_budget=None, **kw)
     budget = 0.9 * free.memory.peak
     plan = jaxpar.plan(ex.step, *ex.args, memory_budget=budget, **kw)
-    ctx, model, base = free.eval_context(), free.memory_model, free.tables.problem
-    proxy = _Proxy(model, base.num_nodes)
-    proxy.add(model.estimate_with_peak(free.assignment, None)[1])
-    fitting = []
-    for lam in np.logspace(-12, -8, 30):
-        unary = [u + lam * b for u, b in zip(base.unary, proxy.nodes, strict=True)]
-        problem = Problem(unary, base.edges, base.blocks, base.factors)
-        a = tuple(solve(problem, starts=[free.assignment], budget=free.options.budget).assignment)
-        estimate, peak = model.estimate_with_peak(a, budget)
-        proxy.add(peak)
-        if estimate.fits:
-            fitting.append(evaluate(ctx, a).objective)
+    fitting = _fitting_sweep(free, budget, np.logspace(-12, -8, 30))
     assert plan.memory.fits and fitting
     assert plan.evaluation.objective <= min(fitting) * (1 + 1e-9), (plan.cost, min(fitting))
     assert plan.evaluation.objective < 1.1 * free.evaluation.objective  # a 10 % cut, not 43 %
@@ -486,22 +471,30 @@ def test_budget_under_overlap_reaches_a_sweeps_fastest_fitting_plan():
     the fastest fitting solution (overlapped) of 12 Lagrangian problems (λ log-spaced over
     0.1-30 x the free plan's time per byte of its peak, each the full search from the free
     plan); without the probes it was 7.5 % slower (218.6 vs 203.3 ms)."""
-    from jaxpar.budget import _Proxy
-    from jaxpar.evaluate import evaluate
-    from jaxpar.search import Problem, solve
-
     ex = llama_example("llama3_8b", llama_config("llama3_8b", remat=True, scan_layers=True))
     kw = dict(mesh={"node": 8, "gpu": 8}, cluster="dgx-h100")
     free = jaxpar.plan(ex.step, *ex.args, memory_budget=None, **kw)
     budget = 0.8 * free.memory.peak
     plan = jaxpar.plan(ex.step, *ex.args, memory_budget=budget, **kw)
     assert plan.objective == "overlap" and plan.memory.fits
+    scale = free.cost.step_s / free.memory.peak
+    fitting = _fitting_sweep(free, budget, np.logspace(-1, 1.5, 12) * scale)
+    assert fitting
+    assert plan.evaluation.objective <= 1.01 * min(fitting), (plan.cost, min(fitting))
+
+
+def _fitting_sweep(free, budget, lams) -> list[float]:
+    """The objectives of the fitting solutions of the Lagrangian problems at ``lams``, each
+    the full search from the free plan, the proxy growing by every solution's peak."""
+    from jaxpar.budget import _Proxy
+    from jaxpar.evaluate import evaluate
+    from jaxpar.search import Problem, solve
+
     ctx, model, base = free.eval_context(), free.memory_model, free.tables.problem
     proxy = _Proxy(model, base.num_nodes)
     proxy.add(model.estimate_with_peak(free.assignment, None)[1])
-    scale = free.cost.step_s / free.memory.peak
     fitting = []
-    for lam in np.logspace(-1, 1.5, 12) * scale:
+    for lam in lams:
         unary = [u + lam * b for u, b in zip(base.unary, proxy.nodes, strict=True)]
         problem = Problem(unary, base.edges, base.blocks, base.factors)
         a = tuple(solve(problem, starts=[free.assignment], budget=free.options.budget).assignment)
@@ -509,8 +502,7 @@ def test_budget_under_overlap_reaches_a_sweeps_fastest_fitting_plan():
         proxy.add(peak)
         if estimate.fits:
             fitting.append(evaluate(ctx, a).objective)
-    assert fitting
-    assert plan.evaluation.objective <= 1.01 * min(fitting), (plan.cost, min(fitting))
+    return fitting
 
 
 @pytest.mark.closed_form
