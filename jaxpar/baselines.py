@@ -38,10 +38,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .configs import CONTRACTIONS, Config
+from .configs import Config
 from .graph import BACKWARD, FORWARD, phase_of
 from .labels import layer_kinds
 from .nodes import NodeGraph
+from .rules import CONTRACTIONS
 
 STRATEGIES = ("auto", "data", "model", "owt", "fsdp", "fsdp_tp", "hypar")
 BASELINES = ("data", "model", "owt", "fsdp", "fsdp_tp")  # fixed rules, computed while planning

@@ -38,7 +38,7 @@ EXPENSIVE = frozenset(
 )  # fmt: skip
 # On XLA:CPU a dot or convolution of 16-bit floats runs in float32: its operands are converted
 # (the conversion fused into their producer) and its result is float32 until converted back.
-UPCAST_READERS = frozenset({"dot_general", "conv_general_dilated"})
+UPCAST_READERS = frozenset({"dot_general", "ragged_dot_general", "conv_general_dilated"})
 HALF_FLOATS = frozenset({"bfloat16", "float16"})
 # XLA:CPU hands a reduction over at least this many elements (per device) to YNNPACK, whose
 # fusion reads from memory an operand computed for other readers too; a smaller reduction is

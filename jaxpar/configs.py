@@ -17,11 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from .nodes import Node, NodeGraph
-from .rules import DimMap, OpSpace
+from .rules import CONTRACTIONS, DimMap, OpSpace
 
 Spec = tuple[tuple[int, ...], ...]
 Config = tuple[int, ...]
-CONTRACTIONS = ("dot_general", "conv_general_dilated")
 
 
 def enumerate_configs(space: OpSpace, sizes: Sequence[int], tensor_sizes) -> list[Config]:

@@ -22,7 +22,11 @@ from .operand_layouts import copied_operands
 from .rules import ELEMENTWISE, DimMap
 
 # primitives priced by a calibration's throughput curves, and the curve kind of each
-MEASURED_PRIMITIVES = {"dot_general": MATMUL, "conv_general_dilated": CONV}
+MEASURED_PRIMITIVES = {
+    "dot_general": MATMUL,
+    "ragged_dot_general": MATMUL,
+    "conv_general_dilated": CONV,
+}
 # Equations XLA runs as a library call of their own (cuBLAS/cuDNN, Eigen/oneDNN, the MXU), with
 # their elementwise followers in a separate fused kernel.
 CONTRACTION_PRIMITIVES = tuple(MEASURED_PRIMITIVES)

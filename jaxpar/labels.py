@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from .graph import UPDATE, layer_from_param_path, param_labels
 from .nodes import NodeGraph
+from .rules import CONTRACTIONS
 
 
 def batch_dims(ng: NodeGraph, batch_tensors: Sequence[int]) -> list[set[int]]:
@@ -77,7 +78,7 @@ def node_labels(ng: NodeGraph) -> list[str]:
         if labels[node.index] or node.anchor < 0:
             continue
         eqn = ng.program.eqns[node.anchor]
-        if eqn.primitive in ("dot_general", "conv_general_dilated"):
+        if eqn.primitive in CONTRACTIONS:
             for t in eqn.inputs:
                 if t is not None and t in origin:
                     labels[node.index] = layer_from_param_path(origin[t])
@@ -148,6 +149,6 @@ def layer_kinds(ng: NodeGraph) -> dict[str, str]:
         prim = ng.program.eqns[node.anchor].primitive
         if prim == "conv_general_dilated":
             kinds[node.label] = "conv"
-        elif prim == "dot_general" and kinds.get(node.label) != "conv":
+        elif prim in CONTRACTIONS and kinds.get(node.label) != "conv":
             kinds[node.label] = "dense"
     return kinds

@@ -11,11 +11,12 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .baselines import STRATEGIES
-from .configs import CONTRACTIONS, Config, split_axes
+from .configs import Config, split_axes
 from .cost import node_dtype
 from .graph import BACKWARD, FORWARD, UPDATE
 from .hardware.mesh_model import cost_sources
 from .held import HeldBytes
+from .rules import CONTRACTIONS
 
 if TYPE_CHECKING:
     from .evaluate import PlanCost
