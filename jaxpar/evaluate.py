@@ -28,7 +28,7 @@ from .hardware.speeds import MeshSpeeds
 from .nodes import NodeGraph
 from .overlap import COMM, Timeline, list_schedule
 from .reshard import SLICE, local_priced, local_time, priced_steps, reshard_path, step_time
-from .tables import CostTables, uniform
+from .tables import CostTables, gathers_free
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,7 +275,7 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
 def _priced_reads(ctx: EvalContext) -> list[tuple]:
     """The reads an evaluation prices, with what does not depend on the assignment: (use index,
     use, tensor bytes, trip count, whether it feeds the next step's state, tensor name, whether
-    its gathers are free: `tables.uniform`). Reads of opaque, scalar or empty tensors move
+    its gathers are free: `tables.gathers_free`). Reads of opaque, scalar or empty tensors move
     nothing. Kept in ``ctx.memo``."""
     if "reads" not in ctx.memo:
         ng, out = ctx.ng, []
@@ -285,8 +285,9 @@ def _priced_reads(ctx: EvalContext) -> list[tuple]:
                 continue
             feedback = use.tensor in ctx.feedback and ng.nodes[use.dst].anchor < 0
             trips = ng.program.trips(use.context)
-            name, gathers_free = _tensor_name(ng, use.tensor), uniform(ng.program, use.tensor)
-            out.append((u, use, tensor.nbytes, trips, feedback, name, gathers_free))
+            free = gathers_free(ng.program, use.tensor, ctx.tables.reshards.devices)
+            name = _tensor_name(ng, use.tensor)
+            out.append((u, use, tensor.nbytes, trips, feedback, name, free))
         ctx.memo["reads"] = out
     return ctx.memo["reads"]
 

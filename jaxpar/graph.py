@@ -128,7 +128,7 @@ class Program:
     # jax_threefry_partitionable when traced: each threefry random bit depends on the key and
     # its own index alone, so XLA partitions `random_bits` like an elementwise op
     threefry_partitionable: bool = False
-    # analyses of the program other modules keep for it (`tables.uniform`), by key
+    # analyses of the program other modules keep for it (`tables.gathers_free`), by key
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def region_chain(self, region: int) -> list[int]:

@@ -68,12 +68,15 @@ class EdgeUse:
     context: int = -1  # the innermost loop enclosing producer and reader: where `apply` reshards
 
 
-def uniform(program: Program, t: int) -> bool:
-    """Whether ``t`` is one of the program's `buffers.uniform_tensors` (kept in its memo):
-    its all-gathers are free."""
+def gathers_free(program: Program, t: int, devices: int) -> bool:
+    """Whether ``t``'s all-gathers are free on a mesh of ``devices``: it is one of the
+    program's `buffers.uniform_tensors` (kept in its memo), which XLA gathers as a broadcast,
+    and has more elements than the mesh has devices. A shard of one element is not gathered
+    that way: XLA folds its broadcast into a one-element constant and all-gathers that (a
+    bincount's zeros[4] split four ways; tests/test_combine.py)."""
     if "uniform" not in program.memo:
         program.memo["uniform"] = uniform_tensors(program)
-    return t in program.memo["uniform"]
+    return t in program.memo["uniform"] and program.tensors[t].size > devices
 
 
 def edge_uses(ng: NodeGraph, feedback: Sequence[tuple[int, int]]) -> list[EdgeUse]:
@@ -129,6 +132,7 @@ class ReshardTables:
 
     def __init__(self, ng: NodeGraph, configs: Sequence[list[Config]], params: CostParams):
         self.ng, self.configs, self.params = ng, configs, params
+        self.devices = math.prod(params.mesh.sizes)
         self.tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.specs: dict[tuple[int, DimMap], tuple[list[Spec], np.ndarray]] = {}
         # a read's table is fixed by its layouts' pattern, the configs' layout indices, its bytes
@@ -177,21 +181,21 @@ class ReshardTables:
         src_specs, si = self.layouts(use.src, use.src_map)
         dst_specs, di = self.layouts(use.dst, use.dst_map)
         trips = self.ng.program.trips(use.context)
-        gathers_free = uniform(self.ng.program, use.tensor)
+        free = gathers_free(self.ng.program, use.tensor, self.devices)
         read = (
             self.ids[(use.src, use.src_map)], self.ids[(use.dst, use.dst_map)], tensor.nbytes,
-            trips, gathers_free,
+            trips, free,
         )  # fmt: skip
         if read in self.done:
             return self.done[read]
-        key = (tuple(src_specs), tuple(dst_specs), gathers_free)
+        key = (tuple(src_specs), tuple(dst_specs), free)
         pair = self.tables.get(key)
         if pair is None:
             mesh, objective = self.params.mesh, self.params.objective
-            pair = linear_tables(mesh, objective, gathers_free).pattern(src_specs, dst_specs)
+            pair = linear_tables(mesh, objective, free).pattern(src_specs, dst_specs)
             if pair is None:  # layouts without a dense table: pair by pair
                 lin = [
-                    [reshard_linear(a, b, mesh, objective, gathers_free) for b in dst_specs]
+                    [reshard_linear(a, b, mesh, objective, free) for b in dst_specs]
                     for a in src_specs
                 ]
                 pair = (
@@ -285,18 +289,18 @@ class SharedReshards:
         if len(src_specs) * math.prod(len(d[0]) for d in dsts) > PATTERN_BUDGET:
             return None
         program = self.reshards.ng.program
-        gathers_free = uniform(program, reads[0].tensor)
+        free = gathers_free(program, reads[0].tensor, self.reshards.devices)
         tensor = program.tensors[reads[0].tensor]
         trips = program.trips(reads[0].context)
         ids = self.reshards.ids
         alike = (
             ids[(reads[0].src, reads[0].src_map)], tuple(ids[(r.dst, r.dst_map)] for r in reads),
             tuple(nodes.index(v) for v in (reads[0].src, *(r.dst for r in reads))),
-            tensor.nbytes, trips, gathers_free,
+            tensor.nbytes, trips, free,
         )  # fmt: skip
         if alike in self.done:
             return nodes, self.done[alike]
-        fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts], gathers_free)
+        fixed, per_byte = self._pattern(src_specs, [d[0] for d in dsts], free)
         small = (fixed + float(tensor.nbytes) * per_byte) * trips
         # index grids over the nodes' configurations, one axis per node
         axes = [[-1 if k == i else 1 for k in range(len(nodes))] for i in range(len(nodes))]

@@ -131,3 +131,31 @@ def test_uniform_tensors_are_gathered_for_free():
     assert [s.kind for s in path] == [ALL_GATHER, ALL_TO_ALL]
     assert [s.kind for s in priced_steps(path, True)] == [ALL_TO_ALL]
     assert [s.kind for s in priced_steps(path)] == [ALL_GATHER, ALL_TO_ALL]
+
+
+@pytest.mark.closed_form
+def test_a_uniform_tensor_of_one_element_per_device_is_gathered_for_real():
+    """XLA folds a broadcast to a one-element shard into a constant and all-gathers it: a
+    bincount's zeros[4] split four ways costs an all-gather. So a uniform tensor with at most
+    as many elements as the mesh has devices is priced like any other
+    (`tables.gathers_free`); the plan keeps the counts replicated, and the compiled
+    collectives are the predicted ones (before: an unpredicted all-gather of 12 bytes)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxpar.tables import gathers_free
+
+    def route(x, w):
+        sizes = jnp.bincount(jnp.argmax(x @ w, -1), length=4)
+        return sizes.astype(jnp.float32).sum() * x
+
+    x = jnp.cos(jnp.arange(512 * 64, dtype=jnp.float32)).reshape(512, 64)
+    w = jnp.sin(jnp.arange(64 * 4, dtype=jnp.float32)).reshape(64, 4)
+    step = jaxpar.auto_shard(route, mesh=jaxpar.make_mesh({"a": 2, "b": 4}))
+    np.testing.assert_allclose(np.asarray(step(x, w)), np.asarray(jax.jit(route)(x, w)))
+    program = step.plan.program
+    (zeros,) = [e.inputs[0] for e in program.eqns if e.primitive == "scatter-add"]
+    assert not gathers_free(program, zeros, 8) and gathers_free(program, zeros, 2)
+    check = fidelity(step.plan.collectives, step.lower(x, w).compile())
+    assert check.ok() and check.predicted_counts == check.hlo_counts, check.text
