@@ -20,7 +20,8 @@ nnx_gpt         GPT-2 124M written with flax.nnx                             124
 
 ``LARGE`` are Llama-3-style decoders (``models/llama.py``: RMSNorm, RoPE, grouped-query
 attention, SwiGLU, untied LM head; ``gemma_7b`` has Gemma's shape with GeGLU and a tied head;
-float32 master weights computing in the ``dtype`` passed, e.g. bfloat16).  They are kept out
+``mixtral_8x7b`` a dropless mixture of 8 SwiGLU experts, top-2, as grouped matmuls; float32
+master weights computing in the ``dtype`` passed, e.g. bfloat16).  They are kept out
 of ``NAMES`` because the suites over ``NAMES`` plan and compare every model; at full size use
 them abstractly only (``ex.args``, never ``make_args``):
 
@@ -30,6 +31,7 @@ name            model                                                        par
 llama3_8b       Llama 3 8B: 32 x d4096, 32 heads / 8 KV heads, FFN 14336     8.03B
 llama3_70b      Llama 3 70B: 80 x d8192, 64 heads / 8 KV heads, FFN 28672    70.6B
 gemma_7b        Gemma 7B shape: 28 x d3072, 16 heads x 256, GeGLU, tied      8.54B
+mixtral_8x7b    Mixtral 8x7B: 32 x d4096, 32/8 heads, 8 experts of 14336     46.7B
 ==============  ===========================================================  ==========
 
 CNNs train with SGD + momentum 0.9 (LeNet-5 and the Soybean MLP with plain SGD), the
@@ -108,7 +110,7 @@ NAMES: tuple[str, ...] = (
 # Small test models kept for the suite (also registered; ``registered_names()`` lists all).
 EXTRA: tuple[str, ...] = ("cnn", "mlp", "gpt_small", "nnx_mlp")
 # Full-size Llamas (billions of parameters: abstract use only) and their small test model.
-LARGE: tuple[str, ...] = ("llama3_8b", "llama3_70b", "gemma_7b")
+LARGE: tuple[str, ...] = ("llama3_8b", "llama3_70b", "gemma_7b", "mixtral_8x7b")
 LARGE_EXTRA: tuple[str, ...] = ("llama_small",)
 # Scanned-layer models (tests/test_scanned_models.py).
 SCANNED: tuple[str, ...] = scanned.NAMES

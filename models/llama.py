@@ -9,6 +9,11 @@
   embeddings tied with the LM head and scaled by sqrt(d), RoPE theta 10000, 8,537,680,896
   parameters. Shapes are Gemma's; its RMSNorm's (1 + scale) and soft-capping-free details do
   not change a plan and are not reproduced;
+* ``mixtral_8x7b``: Mixtral 8x7B (Mistral AI, 2024): Mistral 7B's attention (32 layers,
+  d=4096, 32 heads, 8 KV heads, RoPE theta 1e6, vocabulary 32000) with each MLP a dropless
+  mixture of 8 SwiGLU experts of width 14336, the top 2 per token (`MixtureOfExperts`: grouped
+  matmuls over the tokens sorted by expert, ``jax.lax.ragged_dot``), 46,702,792,704
+  parameters; its small config has 4 experts;
 * ``llama_small``: a 2-layer test decoder of the same structure (the same config for
   ``small=True`` and ``small=False``).
 
@@ -177,8 +182,50 @@ class SwiGLU(nn.Module):
         return nn.Dense(x.shape[-1], name="down", **kw)(act(gate) * up)
 
 
+class MixtureOfExperts(nn.Module):
+    """A dropless mixture of SwiGLU experts (Mixtral's sparse MoE block): a linear router
+    picks each token's ``top_k`` experts, their logits softmaxed into gates; the token copies
+    are sorted by expert and each expert's rows run through its SwiGLU as grouped matmuls
+    (``jax.lax.ragged_dot``, ``bincount`` rows per expert), then are gated and summed back
+    per token. No token is dropped (no capacity)."""
+
+    num_experts: int
+    top_k: int
+    ffn_dim: int
+    activation: str = "silu"
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        shape, d = x.shape, x.shape[-1]
+        e, k, f = self.num_experts, self.top_k, self.ffn_dim
+        tokens = x.reshape(-1, d)
+        router = nn.Dense(e, use_bias=False, name="router", dtype=self.dtype,
+                          param_dtype=self.param_dtype)  # fmt: skip
+        logits, experts = jax.lax.top_k(router(tokens).astype(_accumulation_dtype(x.dtype)), k)
+        gates = jax.nn.softmax(logits, axis=-1).astype(self.dtype).reshape(-1)
+        chosen = experts.reshape(-1)  # [tokens * k]: copy i is token i // k
+        order = jnp.argsort(chosen)
+        sizes = jnp.bincount(chosen, length=e).astype(jnp.int32)
+        rows = tokens[order // k]
+        init = nn.initializers.lecun_normal(in_axis=1, out_axis=2)
+
+        def weight(name: str, fan_in: int, fan_out: int) -> jax.Array:
+            w = self.param(name, init, (e, fan_in, fan_out), self.param_dtype)
+            return w.astype(self.dtype)
+
+        act = nn.gelu if self.activation == "gelu" else nn.silu
+        gate = jax.lax.ragged_dot(rows, weight("gate", d, f), sizes)
+        up = jax.lax.ragged_dot(rows, weight("up", d, f), sizes)
+        out = jax.lax.ragged_dot(act(gate) * up, weight("down", f, d), sizes)
+        out = out * gates[order][:, None]
+        return jnp.zeros_like(tokens).at[order // k].add(out).reshape(shape)
+
+
 class LlamaBlock(nn.Module):
-    """Pre-RMSNorm block: ``x + attn(norm(x))``, then ``x + swiglu(norm(x))``."""
+    """Pre-RMSNorm block: ``x + attn(norm(x))``, then ``x + swiglu(norm(x))`` (or a mixture of
+    SwiGLU experts when ``num_experts``)."""
 
     num_heads: int
     num_kv_heads: int
@@ -187,6 +234,8 @@ class LlamaBlock(nn.Module):
     rope_theta: float = 500_000.0
     head_dim: int | None = None
     activation: str = "silu"
+    num_experts: int = 0
+    experts_per_token: int = 2
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -199,6 +248,12 @@ class LlamaBlock(nn.Module):
         )
         x = x + attn(h)
         h = RMSNorm(self.norm_eps, name="mlp_norm", **kw)(x)
+        if self.num_experts:
+            moe = MixtureOfExperts(
+                self.num_experts, self.experts_per_token, self.ffn_dim, self.activation,
+                name="moe", **kw,
+            )  # fmt: skip
+            return x + moe(h)
         return x + SwiGLU(self.ffn_dim, self.activation, name="mlp", **kw)(h)
 
 
@@ -221,6 +276,8 @@ class Llama(nn.Module):
     activation: str = "silu"
     tie_embeddings: bool = False
     embed_scale: bool = False
+    num_experts: int = 0  # > 0: each block's MLP is a mixture of this many SwiGLU experts
+    experts_per_token: int = 2
     dtype: Any = jnp.bfloat16
     param_dtype: Any = jnp.float32
 
@@ -239,6 +296,8 @@ class Llama(nn.Module):
             self.rope_theta,
             self.head_dim,
             self.activation,
+            self.num_experts,
+            self.experts_per_token,
         )
         if self.scan_layers:
             # no barrier: the scan already keeps XLA from merging the recomputation into the
@@ -285,6 +344,9 @@ _LLAMA3_8B = _config(32, 4096, 32, 8, 14336, 128256)
 _LLAMA3_70B = _config(80, 8192, 64, 8, 28672, 128256)
 _GEMMA = {"head_dim": 256, "activation": "gelu", "tie_embeddings": True, "embed_scale": True}
 _GEMMA_7B = _config(28, 3072, 16, 16, 24576, 256000, rope_theta=10_000.0, norm_eps=1e-6, **_GEMMA)
+# Mixtral 8x7B: Mistral-7B's attention, each MLP 8 SwiGLU experts of 14336, top-2 routing
+_MIXTRAL = {"num_experts": 8, "experts_per_token": 2, "rope_theta": 1_000_000.0}
+_MIXTRAL_8X7B = _config(32, 4096, 32, 8, 14336, 32000, **_MIXTRAL)
 # Tiny configs of the same structure: every shardable dimension (batch, d_model, heads, KV
 # heads, FFN, vocabulary) divisible by 8; head_dim 8; the full-size GQA group sizes (4 and 8).
 _SMALL = {"batch": 16, "seq_len": 16, "dtype": "float32", "lr": 1e-3}
@@ -297,11 +359,14 @@ _GEMMA_7B_SMALL = _config(
     **_SMALL,
 )  # fmt: skip
 
+_MIXTRAL_8X7B_SMALL = _config(2, 128, 16, 8, 256, 256, **{**_MIXTRAL, "num_experts": 4}, **_SMALL)
+
 CONFIGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # name: (small, full)
     "llama3_8b": (_LLAMA3_8B_SMALL, _LLAMA3_8B),
     "llama3_70b": (_LLAMA3_70B_SMALL, _LLAMA3_70B),
     "gemma_7b": (_GEMMA_7B_SMALL, _GEMMA_7B),
+    "mixtral_8x7b": (_MIXTRAL_8X7B_SMALL, _MIXTRAL_8X7B),
     "llama_small": (_LLAMA_SMALL, _LLAMA_SMALL),
 }
 
@@ -354,6 +419,8 @@ def llama_example(name: str, cfg: dict[str, Any], dtype: Any = None) -> Example:
         activation=cfg.get("activation", "silu"),
         tie_embeddings=bool(cfg.get("tie_embeddings", False)),
         embed_scale=bool(cfg.get("embed_scale", False)),
+        num_experts=int(cfg.get("num_experts", 0)),
+        experts_per_token=int(cfg.get("experts_per_token", 2)),
         dtype=dtype,
         param_dtype=param_dtype_for(dtype),
     )
@@ -387,3 +454,10 @@ def gemma_7b(batch: int | None, small: bool, dtype: Any) -> Example:
 def llama_small(batch: int | None, small: bool, dtype: Any) -> Example:
     """2-layer Llama test decoder (d128, 16/8 heads, SwiGLU 256, vocab 256), AdamW; 16x16."""
     return llama_example("llama_small", llama_config("llama_small", small, batch=batch), dtype)
+
+
+@register("mixtral_8x7b")
+def mixtral_8x7b(batch: int | None, small: bool, dtype: Any) -> Example:
+    """Mixtral 8x7B (32 x d4096, 32/8 heads, 8 SwiGLU experts of 14336, top-2), AdamW."""
+    cfg = llama_config("mixtral_8x7b", small, batch=batch)
+    return llama_example("mixtral_8x7b", cfg, dtype)

@@ -14,18 +14,23 @@ import jaxpar
 import models
 from models.llama import Attention, llama_config, llama_example
 
-# Published totals (Meta's model cards: 8.03B and 70.6B; the Gemma report: 8.54B for 7B).
-PUBLISHED_PARAMS = {"llama3_8b": 8.03e9, "llama3_70b": 70.55e9, "gemma_7b": 8.54e9}
+# Published totals (Meta's model cards: 8.03B and 70.6B; the Gemma report: 8.54B for 7B;
+# Mistral's Mixtral 8x7B: 46.7B)
+PUBLISHED_PARAMS = {
+    "llama3_8b": 8.03e9, "llama3_70b": 70.55e9, "gemma_7b": 8.54e9, "mixtral_8x7b": 46.7e9,
+}  # fmt: skip
 
 
 def closed_form_params(cfg: dict) -> int:
-    """Embedding + layers (attention, SwiGLU, two norms) + final norm + LM head (none when
-    tied to the embedding)."""
+    """Embedding + layers (attention, SwiGLU or a router and ``num_experts`` SwiGLUs, two
+    norms) + final norm + LM head (none when tied to the embedding)."""
     d, vocab, ffn = cfg["d_model"], cfg["vocab_size"], cfg["ffn_dim"]
     heads, kv_heads = cfg["num_heads"], cfg["num_kv_heads"]
     head_dim = cfg.get("head_dim") or d // heads
     attention = d * heads * head_dim + 2 * d * kv_heads * head_dim + heads * head_dim * d
-    layer = attention + 3 * d * ffn + 2 * d
+    experts = cfg.get("num_experts", 0)
+    mlp = experts * (3 * d * ffn + d) if experts else 3 * d * ffn
+    layer = attention + mlp + 2 * d
     head = 0 if cfg.get("tie_embeddings") else d * vocab
     return vocab * d + cfg["num_layers"] * layer + d + head
 
@@ -51,7 +56,10 @@ def test_full_param_counts(name):
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(ex.args[0].params))
     assert n == ex.config["params"] == closed_form_params(ex.config)
     assert abs(n / PUBLISHED_PARAMS[name] - 1) <= 0.01, (name, n)
-    exact = {"llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496, "gemma_7b": 8_537_680_896}
+    exact = {
+        "llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496, "gemma_7b": 8_537_680_896,
+        "mixtral_8x7b": 46_702_792_704,
+    }  # fmt: skip
     assert n == exact[name]
     assert ex.args[1]["tokens"].shape == (8, 4096)
 
@@ -180,11 +188,13 @@ def test_full_size_default_is_bfloat16_compute():
 
 @pytest.mark.api
 @pytest.mark.parametrize("remat", [False, True])
-def test_every_primitive_has_a_sharding_rule(remat):
+@pytest.mark.parametrize("name", ["llama_small", "mixtral_8x7b"])
+def test_every_primitive_has_a_sharding_rule(name, remat):
     from jaxpar import rules
     from jaxpar.trace import trace
 
-    ex = llama_example("llama_small", llama_config("llama_small", remat=remat), jnp.float32)
+    cfg = llama_config(name, small=True, remat=remat)
+    ex = llama_example(name, cfg, jnp.float32)
     program, _ = trace(ex.step, ex.args)
     fallback = {
         e.primitive
@@ -218,4 +228,25 @@ def test_gemma_shape_shards_like_the_unsharded_step():
         mesh = jaxpar.make_mesh({"data": 2, "model": 4})
         step = jaxpar.auto_shard(ex.step, mesh=mesh, cluster="dgx-h100")
         assert_equivalent(step(state, batch), ref, rtol=1e-5)
+    assert np.isfinite(float(ref[1]["loss"]))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("scan", [False, True])
+def test_mixture_of_experts_shards_like_the_unsharded_step(scan):
+    """Mixtral's shape at test size (4 SwiGLU experts, top-2, grouped matmuls over tokens
+    sorted by expert), unrolled and scanned: its auto-sharded step on 2 x 4 equals the
+    unsharded one in float64, and the compiled collectives are the predicted ones."""
+    from helpers import assert_equivalent, assert_fidelity
+
+    with jax.enable_x64(True):
+        cfg = llama_config("mixtral_8x7b", small=True, scan_layers=scan)
+        ex = llama_example("mixtral_8x7b", cfg, jnp.float64)
+        state, batch = ex.make_args(0)
+        moe = (state.params["blocks"] if scan else state.params["block0"])["moe"]
+        assert moe["gate"].shape[-3:] == (4, 128, 256) and moe["down"].shape[-3:] == (4, 256, 128)
+        ref = jax.jit(ex.step)(state, batch)
+        step = jaxpar.auto_shard(ex.step, mesh=jaxpar.make_mesh({"data": 2, "model": 4}))
+        assert_equivalent(step(state, batch), ref, rtol=1e-6)
+        assert_fidelity(step.plan, step.lower(state, batch).compile())
     assert np.isfinite(float(ref[1]["loss"]))

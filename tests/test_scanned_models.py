@@ -14,6 +14,7 @@ import optax
 import pytest
 from flax import nnx
 from helpers import assert_trains
+from test_llama import closed_form_params
 
 import models
 from models.llama import llama_config, llama_example
@@ -37,15 +38,6 @@ def _residual_mlp_params(cfg: dict) -> int:
 def _dense_stack_params(cfg: dict) -> int:
     widths = (cfg["in_features"], *cfg["features"])
     return sum((a + 1) * b for a, b in itertools.pairwise(widths))
-
-
-def _llama_params(cfg: dict) -> int:
-    d, vocab, ffn = cfg["d_model"], cfg["vocab_size"], cfg["ffn_dim"]
-    head_dim = cfg.get("head_dim") or d // cfg["num_heads"]
-    q_width, kv_width = cfg["num_heads"] * head_dim, cfg["num_kv_heads"] * head_dim
-    layer = 2 * d * q_width + 2 * d * kv_width + 3 * d * ffn + 2 * d
-    embeddings = (1 if cfg.get("tie_embeddings") else 2) * vocab * d
-    return embeddings + cfg["num_layers"] * layer + d
 
 
 CLOSED_FORM = {
@@ -149,7 +141,7 @@ def test_llama_scan_layers_param_count():
         cfg["num_layers"] = 4  # keeps the unrolled comparison's abstract trace short
         scanned = llama_example(name, cfg)
         unrolled = llama_example(name, {**cfg, "scan_layers": False})
-        assert scanned.config["params"] == unrolled.config["params"] == _llama_params(cfg)
+        assert scanned.config["params"] == unrolled.config["params"] == closed_form_params(cfg)
         blocks = scanned.args[0].params["blocks"]
         assert {x.shape[0] for x in jax.tree.leaves(blocks)} == {4}
     llama3_8b = llama_example("llama3_8b", llama_config("llama3_8b", scan_layers=True))
