@@ -30,9 +30,11 @@ from .cli_input import (
     OBJECTIVE_CHOICES,
     SEARCH_CHOICES,
     STRATEGY_CHOICES,
+    DecoderLayers,
     arg_type,
     check_batch,
     check_cluster,
+    check_decoder_layers,
     check_model,
     check_output_path,
     check_plot,
@@ -190,26 +192,44 @@ def explanatory_tables(plans: dict[str, Any]) -> list[str]:
 
 
 def zoo_example(
-    name: str, batch: int | None, small: bool, dtype: Any, devices: int
+    name: str,
+    batch: int | None,
+    small: bool,
+    dtype: Any,
+    devices: int,
+    layers: DecoderLayers | None = None,
 ) -> tuple[Any, int, str]:
     """The zoo example, its global batch, and how the batch was chosen (``""``: --batch).
 
     Without --batch: the model's default batch, rounded up to a multiple of the device count
     so that it splits over the mesh (GPT's default of 8 sequences would not split over 16).
+    ``layers``: how a large decoder's blocks are built (--remat, --scan-layers).
     """
     import jax
 
-    import models
+    layers = layers or DecoderLayers()
+
+    def build(batch: int | None) -> Any:
+        if layers == DecoderLayers():
+            import models
+
+            return models.get(name, batch=batch, small=small, dtype=dtype)
+        from models.llama import llama_config, llama_example
+
+        cfg = llama_config(
+            name, small, remat=layers.remat, batch=batch, scan_layers=layers.scan
+        )  # fmt: skip
+        return llama_example(name, cfg, dtype)
 
     if batch is not None:
-        return models.get(name, batch=batch, small=small, dtype=dtype), batch, ""
-    ex = models.get(name, small=small, dtype=dtype)
+        return build(batch), batch, ""
+    ex = build(None)
     default = int(jax.tree.leaves(ex.args[1])[0].shape[0])
     batch = -(-default // devices) * devices
     if batch == default:
         return ex, batch, "the model's default"
     note = f"the model's default {default}, rounded up to a multiple of the {devices} devices"
-    return models.get(name, batch=batch, small=small, dtype=dtype), batch, note
+    return build(batch), batch, note
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -224,6 +244,7 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.batch is not None:
         check_batch(args.batch, devices)
     model = check_model(args.model)
+    layers = check_decoder_layers(model, args.remat, args.scan_layers)
     preset = check_cluster(args.cluster)
     say = _Progress(args.quiet)
 
@@ -237,8 +258,10 @@ def plan_command(args: argparse.Namespace) -> int:
     # float64 needs jax's 64-bit mode, or the arrays would silently be float32
     wide = jax.enable_x64(True) if args.dtype == "float64" else contextlib.nullcontext()
     with wide:
-        ex, batch, note = zoo_example(model, args.batch, args.small, jnp.dtype(args.dtype), devices)
-        size = "small" if args.small else "full size"
+        ex, batch, note = zoo_example(
+            model, args.batch, args.small, jnp.dtype(args.dtype), devices, layers
+        )  # fmt: skip
+        size = ", ".join(("small" if args.small else "full size", *layers.words()))
         say("model", f"{model} ({size}), batch {batch}" + (f" ({note})" if note else ""))
         strategy = "auto" if args.strategy == "all" else args.strategy
         plan = jaxpar.plan(
@@ -255,7 +278,9 @@ def plan_command(args: argparse.Namespace) -> int:
         names = ALL_STRATEGIES if args.strategy == "all" else (strategy,)
         plans = {n: plan.variant(n) for n in names}
         title = (
-            f"{model}{' (small)' if args.small else ''}, batch {batch}"
+            f"{model}{' (small)' if args.small else ''}"
+            + "".join(f", {w}" for w in layers.words())
+            + f", batch {batch}"
             f"{f' ({note})' if note else ''}, mesh {mesh_text(mesh)} "
             f"({plural(devices, 'device')}), cluster {cluster.name}, objective "
             f"{args.objective}, dtype {args.dtype}"
@@ -373,6 +398,8 @@ def _plan_epilog() -> str:
         names(models.NAMES),
         "small test models:",
         names(models.EXTRA),
+        "large decoders (--remat rematerializes each block, --scan-layers stacks them in a scan):",
+        names((*models.LARGE, *models.LARGE_EXTRA)),
         "",
         "cluster presets (--cluster; 'jaxpar clusters' prints every number and its source):",
         *[f"  {n:<{width}}{presets.preset_summary(n)}" for n in presets.preset_names()],
@@ -382,6 +409,8 @@ def _plan_epilog() -> str:
         "      --json vgg16.json --plot vgg16.png",
         "  jaxpar plan gpt2_124m --mesh data=4,model=4 --cluster dgx-h100 --dtype bfloat16",
         "  jaxpar plan lenet5 --mesh pod=16,node=64,gpu=4 --batch 4096 --quiet",
+        "  jaxpar plan llama3_8b --mesh node=8,gpu=8 --cluster dgx-h100 --dtype bfloat16 \\",
+        "      --remat --scan-layers",
     ]
     return "\n".join(lines)
 
@@ -483,6 +512,16 @@ def _add_plan(sub: Any) -> None:
         "memory less 10%%; 'none': no limit)",
     )
     p_plan.add_argument("--small", action="store_true", help="the reduced (test) model")
+    p_plan.add_argument(
+        "--remat",
+        action="store_true",
+        help="large decoders: rematerialize each block in the backward pass (nn.remat)",
+    )
+    p_plan.add_argument(
+        "--scan-layers",
+        action="store_true",
+        help="large decoders: stack the blocks under one nn.scan (planned once, run per layer)",
+    )
     p_plan.add_argument("--json", metavar="FILE", help="write the plan(s) as JSON")
     p_plan.add_argument(
         "--plot",

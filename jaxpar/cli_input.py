@@ -7,6 +7,7 @@ that says what is wrong and how to fix it; `cli.main` prints it as ``jaxpar <com
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import math
 import os
@@ -252,9 +253,41 @@ def check_model(name: str) -> str:
     if name not in known:
         raise ValueError(
             f"unknown model {name!r}{did_you_mean(name, known)}; models: "
-            f"{', '.join(models.NAMES)}; small test models: {', '.join(models.EXTRA)}"
+            f"{', '.join(models.NAMES)}; large decoders: {', '.join(models.LARGE)}; small test "
+            f"models: {', '.join(models.EXTRA)}"
         )
     return name
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderLayers:
+    """How a large decoder's blocks are built: ``remat`` (each block rematerialized in the
+    backward pass), ``scan`` (the blocks stacked under one ``nn.scan``)."""
+
+    remat: bool = False
+    scan: bool = False
+
+    def words(self) -> tuple[str, ...]:
+        """For the title line: ``("remat", "scanned layers")`` or fewer."""
+        return tuple(w for w, on in (("remat", self.remat), ("scanned layers", self.scan)) if on)
+
+
+def check_decoder_layers(name: str, remat: bool, scan: bool) -> DecoderLayers:
+    """`DecoderLayers` for --remat / --scan-layers, or ValueError when ``name`` is not one of
+    the large decoders (the Llama family: only they build their blocks either way)."""
+    import models
+    from models.llama import CONFIGS
+
+    layers = DecoderLayers(remat, scan)
+    if layers != DecoderLayers() and name not in CONFIGS:
+        both = remat and scan
+        flags = "--remat and --scan-layers" if both else "--remat" if remat else "--scan-layers"
+        raise ValueError(
+            f"{flags} {'apply' if both else 'applies'} to the large decoders "
+            f"({', '.join(models.LARGE)}); {name!r} builds its layers one way only: drop "
+            f"{'them' if both else 'the flag'}"
+        )
+    return layers
 
 
 def check_cluster(name: str) -> str:

@@ -101,6 +101,24 @@ def test_plan_single_strategy_report(capsys):
     assert err == ""
 
 
+def test_plan_large_decoder_with_remat_and_scanned_layers(tmp_path, capsys):
+    """--remat --scan-layers build a large decoder's blocks rematerialized under one scan: the
+    title says so, the stacked parameters are planned (one ``blocks`` subtree), and the report
+    shows the recomputed blocks."""
+    import json
+
+    out_json = tmp_path / "plan.json"
+    argv = ["plan", "llama3_8b", "--small", "--mesh", "a=2,b=4", "--cluster", "dgx-h100"]
+    rc, out, _ = run_cli([*argv, "--remat", "--scan-layers", "--json", str(out_json), "--quiet"],
+                         capsys)  # fmt: skip
+    assert rc == 0
+    assert out.startswith("llama3_8b (small), remat, scanned layers, batch 16")
+    auto = json.loads(out_json.read_text())["strategies"]["auto"]
+    assert any("['blocks']" in path for path in auto["in_specs"])
+    assert not any("['block0']" in path for path in auto["in_specs"])
+    assert any("rematted_computation" in row["layer"] for row in auto["layers"])
+
+
 def test_plan_abstract_4096_devices(capsys):
     """No accelerator and no allocation: a 1,024-node P100 cluster, three mesh axes."""
     argv = ["plan", "lenet5", "--mesh", "pod=16,node=64,gpu=4", "--cluster", "p100"]
@@ -198,6 +216,15 @@ BAD_PLAN_INPUT = [
     (["lenet5", "--mesh", "a=4", "--plot", "/no/such/dir/p.png"], ["'/no/such/dir' does not"]),
     (["lenet5", "--mesh", "a=4", "--plot", "plan.txt"], ["cannot write '.txt'", ".png"]),
     (["lenet5", "--mesh", "a=4", "--plot", "plan"], ["without an extension"]),
+    # --remat / --scan-layers: the large decoders only
+    (
+        ["vgg16", "--mesh", "a=2", "--remat"],
+        ["--remat applies to the large decoders", "llama3_8b", "drop the flag"],
+    ),
+    (
+        ["gpt2_124m", "--mesh", "a=2", "--remat", "--scan-layers"],
+        ["--scan-layers apply", "drop them"],
+    ),
     # usage errors: one line too, no usage block
     (["lenet5"], ["required: --mesh", "jaxpar plan --help"]),
     (["lenet5", "--mesh", "a=4", "--bogus"], ["unrecognized arguments: --bogus"]),
@@ -342,7 +369,8 @@ def test_plan_help_lists_models_and_presets(capsys):
     out = capsys.readouterr().out
     assert "``" not in out
     words = set(re.findall(r"[\w-]+", out))
-    missing = [n for n in (*models.NAMES, *models.EXTRA, *Cluster.presets()) if n not in words]
+    listed = (*models.NAMES, *models.EXTRA, *models.LARGE, *Cluster.presets())
+    missing = [n for n in listed if n not in words]
     assert not missing, missing
     assert "float32" in out and "bfloat16" in out  # the dtypes
 
