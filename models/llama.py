@@ -183,44 +183,80 @@ class SwiGLU(nn.Module):
 
 
 class MixtureOfExperts(nn.Module):
-    """A dropless mixture of SwiGLU experts (Mixtral's sparse MoE block): a linear router
-    picks each token's ``top_k`` experts, their logits softmaxed into gates; the token copies
-    are sorted by expert and each expert's rows run through its SwiGLU as grouped matmuls
-    (``jax.lax.ragged_dot``, ``bincount`` rows per expert), then are gated and summed back
-    per token. No token is dropped (no capacity)."""
+    """A mixture of SwiGLU experts (Mixtral's sparse MoE block): a linear router picks each
+    token's ``top_k`` experts, their logits softmaxed into gates, and the gated outputs of the
+    chosen experts are summed per token. Two ways to run the experts, with the same
+    parameters:
+
+    - ``capacity_factor`` 0 (default): dropless. The token copies are sorted by expert and each
+      expert's rows run through its SwiGLU as grouped matmuls (``jax.lax.ragged_dot``,
+      ``bincount`` rows per expert). XLA's partitioner keeps the token and expert dims of a
+      grouped matmul whole: every device holds every token there.
+    - ``capacity_factor`` > 0: GShard's dispatch. Each sequence is a group; an expert takes at
+      most ``C = ceil(length · top_k / experts · capacity_factor)`` of a group's token copies,
+      first come in token order, and drops the rest (their share is zero: the residual carries
+      the token). Dispatch and combine are einsums with one-hot ``[group, token, expert, C]``
+      tensors, the experts batched matmuls over ``[expert, group, C, d]``: every dim may split,
+      and the expert dim's split (expert parallelism) reaches its tokens by all-to-all.
+    """
 
     num_experts: int
     top_k: int
     ffn_dim: int
     activation: str = "silu"
+    capacity_factor: float = 0.0
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        shape, d = x.shape, x.shape[-1]
-        e, k, f = self.num_experts, self.top_k, self.ffn_dim
-        tokens = x.reshape(-1, d)
+        e, k = self.num_experts, self.top_k
         router = nn.Dense(e, use_bias=False, name="router", dtype=self.dtype,
                           param_dtype=self.param_dtype)  # fmt: skip
-        logits, experts = jax.lax.top_k(router(tokens).astype(_accumulation_dtype(x.dtype)), k)
-        gates = jax.nn.softmax(logits, axis=-1).astype(self.dtype).reshape(-1)
-        chosen = experts.reshape(-1)  # [tokens * k]: copy i is token i // k
-        order = jnp.argsort(chosen)
-        sizes = jnp.bincount(chosen, length=e).astype(jnp.int32)
-        rows = tokens[order // k]
+        logits, experts = jax.lax.top_k(router(x).astype(_accumulation_dtype(x.dtype)), k)
+        gates = jax.nn.softmax(logits, axis=-1).astype(self.dtype)  # [..., k]
         init = nn.initializers.lecun_normal(in_axis=1, out_axis=2)
 
         def weight(name: str, fan_in: int, fan_out: int) -> jax.Array:
             w = self.param(name, init, (e, fan_in, fan_out), self.param_dtype)
             return w.astype(self.dtype)
 
+        d, f = x.shape[-1], self.ffn_dim
+        weights = (weight("gate", d, f), weight("up", d, f), weight("down", f, d))
         act = nn.gelu if self.activation == "gelu" else nn.silu
-        gate = jax.lax.ragged_dot(rows, weight("gate", d, f), sizes)
-        up = jax.lax.ragged_dot(rows, weight("up", d, f), sizes)
-        out = jax.lax.ragged_dot(act(gate) * up, weight("down", f, d), sizes)
-        out = out * gates[order][:, None]
-        return jnp.zeros_like(tokens).at[order // k].add(out).reshape(shape)
+        if self.capacity_factor > 0:
+            return self._dispatched(x, experts, gates, weights, act)
+        tokens = x.reshape(-1, d)
+        chosen = experts.reshape(-1)  # [tokens * k]: copy i is token i // k
+        order = jnp.argsort(chosen)
+        sizes = jnp.bincount(chosen, length=e).astype(jnp.int32)
+        rows = tokens[order // k]
+        w_gate, w_up, w_down = weights
+        gate = jax.lax.ragged_dot(rows, w_gate, sizes)
+        up = jax.lax.ragged_dot(rows, w_up, sizes)
+        out = jax.lax.ragged_dot(act(gate) * up, w_down, sizes)
+        out = out * gates.reshape(-1)[order][:, None]
+        return jnp.zeros_like(tokens).at[order // k].add(out).reshape(x.shape)
+
+    def _dispatched(self, x, experts, gates, weights, act) -> jax.Array:
+        """GShard's capacity dispatch of ``x: [groups, length, d]`` (see the class docstring)."""
+        groups, length, _ = x.shape
+        e, k = self.num_experts, self.top_k
+        capacity = max(1, math.ceil(length * k / e * self.capacity_factor))
+        chosen = jax.nn.one_hot(experts, e, dtype=jnp.int32)  # [g, s, k, e]
+        # each copy's slot in its expert: copies counted in token order, then by rank
+        slot = jnp.cumsum(chosen.reshape(groups, length * k, e), axis=1).reshape(chosen.shape) - 1
+        kept = (chosen > 0) & (slot < capacity)
+        # a dropped copy's slot is `capacity`, whose one-hot row is all zeros
+        slots = jax.nn.one_hot(jnp.where(kept, slot, capacity), capacity, dtype=self.dtype)
+        dispatch = slots.sum(2)  # [g, s, e, c]
+        combine = (slots * gates[..., None, None]).sum(2)
+        w_gate, w_up, w_down = weights
+        rows = jnp.einsum("gsec,gsd->egcd", dispatch, x)
+        hidden = act(jnp.einsum("egcd,edf->egcf", rows, w_gate))
+        hidden = hidden * jnp.einsum("egcd,edf->egcf", rows, w_up)
+        out = jnp.einsum("egcf,efd->egcd", hidden, w_down)
+        return jnp.einsum("gsec,egcd->gsd", combine, out)
 
 
 class LlamaBlock(nn.Module):
@@ -236,6 +272,7 @@ class LlamaBlock(nn.Module):
     activation: str = "silu"
     num_experts: int = 0
     experts_per_token: int = 2
+    capacity_factor: float = 0.0
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -251,7 +288,7 @@ class LlamaBlock(nn.Module):
         if self.num_experts:
             moe = MixtureOfExperts(
                 self.num_experts, self.experts_per_token, self.ffn_dim, self.activation,
-                name="moe", **kw,
+                self.capacity_factor, name="moe", **kw,
             )  # fmt: skip
             return x + moe(h)
         return x + SwiGLU(self.ffn_dim, self.activation, name="mlp", **kw)(h)
@@ -278,6 +315,7 @@ class Llama(nn.Module):
     embed_scale: bool = False
     num_experts: int = 0  # > 0: each block's MLP is a mixture of this many SwiGLU experts
     experts_per_token: int = 2
+    capacity_factor: float = 0.0  # > 0: GShard's capacity dispatch (MixtureOfExperts)
     dtype: Any = jnp.bfloat16
     param_dtype: Any = jnp.float32
 
@@ -298,6 +336,7 @@ class Llama(nn.Module):
             self.activation,
             self.num_experts,
             self.experts_per_token,
+            self.capacity_factor,
         )
         if self.scan_layers:
             # no barrier: the scan already keeps XLA from merging the recomputation into the
@@ -378,8 +417,10 @@ def llama_config(
     batch: int | None = None,
     seq_len: int | None = None,
     scan_layers: bool = False,
+    capacity_factor: float | None = None,
 ) -> dict[str, Any]:
-    """A fresh copy of the config of ``name`` (a key of ``CONFIGS``), with overrides."""
+    """A fresh copy of the config of ``name`` (a key of ``CONFIGS``), with overrides
+    (``capacity_factor``: a mixture of experts' dispatch, see `MixtureOfExperts`)."""
     if name not in CONFIGS:
         raise KeyError(f"unknown Llama config {name!r}; known: {', '.join(CONFIGS)}")
     cfg = dict(CONFIGS[name][0 if small else 1])
@@ -389,6 +430,10 @@ def llama_config(
         cfg["batch"] = int(batch)
     if seq_len is not None:
         cfg["seq_len"] = int(seq_len)
+    if capacity_factor is not None:
+        if not cfg.get("num_experts"):
+            raise ValueError(f"{name} has no mixture of experts: capacity_factor applies to none")
+        cfg["capacity_factor"] = float(capacity_factor)
     return cfg
 
 
@@ -421,6 +466,7 @@ def llama_example(name: str, cfg: dict[str, Any], dtype: Any = None) -> Example:
         embed_scale=bool(cfg.get("embed_scale", False)),
         num_experts=int(cfg.get("num_experts", 0)),
         experts_per_token=int(cfg.get("experts_per_token", 2)),
+        capacity_factor=float(cfg.get("capacity_factor", 0.0)),
         dtype=dtype,
         param_dtype=param_dtype_for(dtype),
     )

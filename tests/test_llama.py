@@ -232,15 +232,18 @@ def test_gemma_shape_shards_like_the_unsharded_step():
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("scan", [False, True])
-def test_mixture_of_experts_shards_like_the_unsharded_step(scan):
-    """Mixtral's shape at test size (4 SwiGLU experts, top-2, grouped matmuls over tokens
-    sorted by expert), unrolled and scanned: its auto-sharded step on 2 x 4 equals the
-    unsharded one in float64, and the compiled collectives are the predicted ones."""
+@pytest.mark.parametrize(
+    ("scan", "capacity"), [(False, None), (True, None), (False, 1.25), (True, 1.25)]
+)
+def test_mixture_of_experts_shards_like_the_unsharded_step(scan, capacity):
+    """Mixtral's shape at test size (4 SwiGLU experts, top-2), dropless (grouped matmuls over
+    tokens sorted by expert) and with GShard's capacity dispatch, unrolled and scanned: its
+    auto-sharded step on 2 x 4 equals the unsharded one in float64, and the compiled
+    collectives are the predicted ones."""
     from helpers import assert_equivalent, assert_fidelity
 
     with jax.enable_x64(True):
-        cfg = llama_config("mixtral_8x7b", small=True, scan_layers=scan)
+        cfg = llama_config("mixtral_8x7b", small=True, scan_layers=scan, capacity_factor=capacity)
         ex = llama_example("mixtral_8x7b", cfg, jnp.float64)
         state, batch = ex.make_args(0)
         moe = (state.params["blocks"] if scan else state.params["block0"])["moe"]
@@ -250,3 +253,56 @@ def test_mixture_of_experts_shards_like_the_unsharded_step(scan):
         assert_equivalent(step(state, batch), ref, rtol=1e-6)
         assert_fidelity(step.plan, step.lower(state, batch).compile())
     assert np.isfinite(float(ref[1]["loss"]))
+
+
+@pytest.mark.numerics
+def test_capacity_dispatch_without_drops_is_the_dropless_mixture():
+    """With a capacity of every token (capacity_factor = experts / top_k), GShard's dispatch
+    drops nothing and computes what the grouped matmuls do (float64, the same parameters);
+    at 0.5 (4 of the 32 copies of a 16-token group per expert) it drops some and differs."""
+    with jax.enable_x64(True):
+
+        def step_of(capacity):
+            cfg = llama_config("mixtral_8x7b", small=True, capacity_factor=capacity)
+            return llama_example("mixtral_8x7b", cfg, jnp.float64)
+
+        dropless, every, tight = step_of(None), step_of(4 / 2), step_of(0.5)
+        state, batch = dropless.make_args(0)
+        # the same parameters and optimizer state, applied by each model
+        examples = (dropless, every, tight)
+        states = [state.replace(apply_fn=ex.model.apply) for ex in examples]
+        run = jax.jit(lambda s, b: [ex.step(x, b) for ex, x in zip(examples, s, strict=True)])
+        (want, want_m), (got, got_m), (_, tight_m) = run(states, batch)
+    for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(float(got_m["loss"]), float(want_m["loss"]), rtol=1e-6)
+    assert abs(float(tight_m["loss"]) - float(want_m["loss"])) > 1e-6
+
+
+@pytest.mark.api
+@pytest.mark.slow
+def test_capacity_dispatch_plans_expert_parallelism():
+    """Mixtral 8x7B with GShard's dispatch (capacity 1.25, scanned, remat; 64 x 4,096 tokens)
+    on 8 DGX H100 nodes: the plan splits the experts over a mesh axis (expert parallelism)
+    and reaches their tokens by all-to-all, which no hand plan does, and beats the dropless
+    grouped matmuls on the same mesh, whose token dim stays whole (bench/results/scanned.md)."""
+    mesh = {"node": 8, "gpu": 8}
+
+    def planned(capacity):
+        cfg = llama_config(
+            "mixtral_8x7b", remat=True, batch=64, scan_layers=True, capacity_factor=capacity
+        )  # fmt: skip
+        ex = llama_example("mixtral_8x7b", cfg)
+        return jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="dgx-h100")
+
+    plan = planned(1.25)
+    assert plan.memory.fits
+    paths = zip(plan.program.invars, plan.program.invar_paths, strict=True)
+    experts = [t for t, p in paths if p.startswith("[0].params") and "['moe']['gate']" in p]
+    (gate,) = experts  # [layers, experts, d, ffn]
+    assert plan.tensor_specs[gate][1], "the experts are not split"
+    moe = [c for c in plan.collectives if "moe" in c.layer]
+    assert any(c.kind == "all-to-all" for c in moe)
+    hand = min(plan.baselines[s].overlapped_step_s for s in ("fsdp", "fsdp_tp"))
+    assert plan.cost.overlapped_step_s < hand / 3
+    assert plan.cost.overlapped_step_s < planned(None).cost.overlapped_step_s / 2
