@@ -42,6 +42,7 @@ from .cli_input import (
     mesh_text,
     parse_batch,
     parse_calibration_dtype,
+    parse_capacity,
     parse_dtype,
     parse_memory_budget,
     parse_mesh,
@@ -217,7 +218,8 @@ def zoo_example(
         from models.llama import llama_config, llama_example
 
         cfg = llama_config(
-            name, small, remat=layers.remat, batch=batch, scan_layers=layers.scan
+            name, small, remat=layers.remat, batch=batch, scan_layers=layers.scan,
+            capacity_factor=layers.capacity,
         )  # fmt: skip
         return llama_example(name, cfg, dtype)
 
@@ -244,7 +246,7 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.batch is not None:
         check_batch(args.batch, devices)
     model = check_model(args.model)
-    layers = check_decoder_layers(model, args.remat, args.scan_layers)
+    layers = check_decoder_layers(model, args.remat, args.scan_layers, args.capacity_factor)
     preset = check_cluster(args.cluster)
     say = _Progress(args.quiet)
 
@@ -521,6 +523,14 @@ def _add_plan(sub: Any) -> None:
         "--scan-layers",
         action="store_true",
         help="large decoders: stack the blocks under one nn.scan (planned once, run per layer)",
+    )
+    p_plan.add_argument(
+        "--capacity-factor",
+        type=arg_type(parse_capacity, "capacity-factor"),
+        default=None,
+        metavar="F",
+        help="mixtures of experts: GShard's capacity dispatch, F x an expert's even share of "
+        "slots (copies past it dropped; expert parallelism can split it); default dropless",
     )
     p_plan.add_argument("--json", metavar="FILE", help="write the plan(s) as JSON")
     p_plan.add_argument(

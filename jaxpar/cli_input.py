@@ -262,30 +262,60 @@ def check_model(name: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class DecoderLayers:
     """How a large decoder's blocks are built: ``remat`` (each block rematerialized in the
-    backward pass), ``scan`` (the blocks stacked under one ``nn.scan``)."""
+    backward pass), ``scan`` (the blocks stacked under one ``nn.scan``), ``capacity`` (a
+    mixture of experts dispatched by capacity, GShard's way; None: dropless)."""
 
     remat: bool = False
     scan: bool = False
+    capacity: float | None = None
 
     def words(self) -> tuple[str, ...]:
-        """For the title line: ``("remat", "scanned layers")`` or fewer."""
-        return tuple(w for w, on in (("remat", self.remat), ("scanned layers", self.scan)) if on)
+        """For the title line: ``("remat", "scanned layers", "capacity 1.25")`` or fewer."""
+        words = [w for w, on in (("remat", self.remat), ("scanned layers", self.scan)) if on]
+        if self.capacity is not None:
+            words.append(f"capacity {self.capacity:g}")
+        return tuple(words)
 
 
-def check_decoder_layers(name: str, remat: bool, scan: bool) -> DecoderLayers:
-    """`DecoderLayers` for --remat / --scan-layers, or ValueError when ``name`` is not one of
-    the large decoders (the Llama family: only they build their blocks either way)."""
+def parse_capacity(text: str) -> float:
+    """A positive capacity factor (an expert's slots per group, relative to an even share)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"{text!r} is not a positive number: an expert takes at most factor x its even "
+            "share of a sequence's token copies, e.g. --capacity-factor 1.25"
+        )
+    return value
+
+
+def check_decoder_layers(
+    name: str, remat: bool, scan: bool, capacity: float | None = None
+) -> DecoderLayers:
+    """`DecoderLayers` for --remat / --scan-layers / --capacity-factor, or ValueError when
+    ``name`` is not one of the large decoders (the Llama family: only they build their blocks
+    either way), or has no mixture of experts for --capacity-factor."""
     import models
     from models.llama import CONFIGS
 
-    layers = DecoderLayers(remat, scan)
-    if layers != DecoderLayers() and name not in CONFIGS:
-        both = remat and scan
-        flags = "--remat and --scan-layers" if both else "--remat" if remat else "--scan-layers"
+    layers = DecoderLayers(remat, scan, capacity)
+    given = [f for f, on in (("--remat", remat), ("--scan-layers", scan)) if on]
+    if capacity is not None:
+        given.append("--capacity-factor")
+    if given and name not in CONFIGS:
+        flags = " and ".join(given)
         raise ValueError(
-            f"{flags} {'apply' if both else 'applies'} to the large decoders "
+            f"{flags} {'apply' if len(given) > 1 else 'applies'} to the large decoders "
             f"({', '.join(models.LARGE)}); {name!r} builds its layers one way only: drop "
-            f"{'them' if both else 'the flag'}"
+            f"{'them' if len(given) > 1 else 'the flag'}"
+        )
+    if capacity is not None and not CONFIGS[name][1].get("num_experts"):
+        moes = [n for n in models.LARGE if CONFIGS[n][1].get("num_experts")]
+        raise ValueError(
+            f"--capacity-factor applies to a mixture of experts ({', '.join(moes)}); {name!r} "
+            "has none: drop the flag"
         )
     return layers
 

@@ -119,6 +119,16 @@ def test_plan_large_decoder_with_remat_and_scanned_layers(tmp_path, capsys):
     assert any("rematted_computation" in row["layer"] for row in auto["layers"])
 
 
+def test_plan_mixture_of_experts_by_capacity(capsys):
+    """--capacity-factor dispatches a mixture of experts GShard's way: the title says so and
+    the experts' layers are dispatch einsums, not grouped matmuls."""
+    argv = ["plan", "mixtral_8x7b", "--small", "--mesh", "a=2,b=4", "--cluster", "dgx-h100"]
+    rc, out, _ = run_cli([*argv, "--capacity-factor", "1.25", "--quiet"], capsys)
+    assert rc == 0
+    assert out.startswith("mixtral_8x7b (small), capacity 1.25, batch 16")
+    assert "gsec,gsd->egcd" in out
+
+
 def test_plan_abstract_4096_devices(capsys):
     """No accelerator and no allocation: a 1,024-node P100 cluster, three mesh axes."""
     argv = ["plan", "lenet5", "--mesh", "pod=16,node=64,gpu=4", "--cluster", "p100"]
@@ -225,6 +235,15 @@ BAD_PLAN_INPUT = [
         ["gpt2_124m", "--mesh", "a=2", "--remat", "--scan-layers"],
         ["--scan-layers apply", "drop them"],
     ),
+    (
+        ["llama3_8b", "--mesh", "a=2", "--capacity-factor", "1.25"],
+        ["a mixture of experts", "mixtral_8x7b"],
+    ),
+    (
+        ["mixtral_8x7b", "--mesh", "a=2", "--capacity-factor", "0"],
+        ["'0' is not a positive", "--capacity-factor 1.25"],
+    ),
+    (["mixtral_8x7b", "--mesh", "a=2", "--capacity-factor", "nan"], ["'nan' is not a positive"]),
     # usage errors: one line too, no usage block
     (["lenet5"], ["required: --mesh", "jaxpar plan --help"]),
     (["lenet5", "--mesh", "a=4", "--bogus"], ["unrecognized arguments: --bogus"]),
