@@ -46,6 +46,7 @@ from .cli_input import (
     parse_dtype,
     parse_memory_budget,
     parse_mesh,
+    parse_seq_len,
     plural,
     positive_steps,
 )
@@ -218,8 +219,8 @@ def zoo_example(
         from models.llama import llama_config, llama_example
 
         cfg = llama_config(
-            name, small, remat=layers.remat, batch=batch, scan_layers=layers.scan,
-            capacity_factor=layers.capacity,
+            name, small, remat=layers.remat, batch=batch, seq_len=layers.seq_len,
+            scan_layers=layers.scan, capacity_factor=layers.capacity,
         )  # fmt: skip
         return llama_example(name, cfg, dtype)
 
@@ -246,7 +247,9 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.batch is not None:
         check_batch(args.batch, devices)
     model = check_model(args.model)
-    layers = check_decoder_layers(model, args.remat, args.scan_layers, args.capacity_factor)
+    layers = check_decoder_layers(
+        model, args.remat, args.scan_layers, args.capacity_factor, args.seq_len
+    )  # fmt: skip
     preset = check_cluster(args.cluster)
     say = _Progress(args.quiet)
 
@@ -523,6 +526,13 @@ def _add_plan(sub: Any) -> None:
         "--scan-layers",
         action="store_true",
         help="large decoders: stack the blocks under one nn.scan (planned once, run per layer)",
+    )
+    p_plan.add_argument(
+        "--seq-len",
+        type=arg_type(parse_seq_len, "seq-len"),
+        default=None,
+        metavar="N",
+        help="large decoders: tokens per sequence (default: the model's, 4,096 at full size)",
     )
     p_plan.add_argument(
         "--capacity-factor",

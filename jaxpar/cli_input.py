@@ -268,13 +268,31 @@ class DecoderLayers:
     remat: bool = False
     scan: bool = False
     capacity: float | None = None
+    seq_len: int | None = None  # tokens per sequence (None: the model's)
 
     def words(self) -> tuple[str, ...]:
-        """For the title line: ``("remat", "scanned layers", "capacity 1.25")`` or fewer."""
+        """For the title line: ``("remat", "scanned layers", "capacity 1.25", "8192 tokens
+        per sequence")`` or fewer."""
         words = [w for w, on in (("remat", self.remat), ("scanned layers", self.scan)) if on]
         if self.capacity is not None:
             words.append(f"capacity {self.capacity:g}")
+        if self.seq_len is not None:
+            words.append(f"{self.seq_len} tokens per sequence")
         return tuple(words)
+
+
+def parse_seq_len(text: str) -> int:
+    """A positive whole number of tokens per sequence."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"{text!r} is not a sequence length: give the tokens per sequence as a whole number "
+            "of at least 1, e.g. --seq-len 8192"
+        )
+    return value
 
 
 def parse_capacity(text: str) -> float:
@@ -292,23 +310,26 @@ def parse_capacity(text: str) -> float:
 
 
 def check_decoder_layers(
-    name: str, remat: bool, scan: bool, capacity: float | None = None
+    name: str,
+    remat: bool,
+    scan: bool,
+    capacity: float | None = None,
+    seq_len: int | None = None,
 ) -> DecoderLayers:
-    """`DecoderLayers` for --remat / --scan-layers / --capacity-factor, or ValueError when
-    ``name`` is not one of the large decoders (the Llama family: only they build their blocks
-    either way), or has no mixture of experts for --capacity-factor."""
+    """`DecoderLayers` for --remat / --scan-layers / --capacity-factor / --seq-len, or
+    ValueError when ``name`` is not one of the large decoders (the Llama family: only they build
+    their blocks either way), or has no mixture of experts for --capacity-factor."""
     import models
     from models.llama import CONFIGS
 
-    layers = DecoderLayers(remat, scan, capacity)
+    layers = DecoderLayers(remat, scan, capacity, seq_len)
     given = [f for f, on in (("--remat", remat), ("--scan-layers", scan)) if on]
-    if capacity is not None:
-        given.append("--capacity-factor")
+    given += [f for f, v in (("--capacity-factor", capacity), ("--seq-len", seq_len)) if v]
     if given and name not in CONFIGS:
         flags = " and ".join(given)
         raise ValueError(
             f"{flags} {'apply' if len(given) > 1 else 'applies'} to the large decoders "
-            f"({', '.join(models.LARGE)}); {name!r} builds its layers one way only: drop "
+            f"({', '.join(models.LARGE)}); {name!r} is built one way only: drop "
             f"{'them' if len(given) > 1 else 'the flag'}"
         )
     if capacity is not None and not CONFIGS[name][1].get("num_experts"):

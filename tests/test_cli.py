@@ -102,21 +102,30 @@ def test_plan_single_strategy_report(capsys):
 
 
 def test_plan_large_decoder_with_remat_and_scanned_layers(tmp_path, capsys):
-    """--remat --scan-layers build a large decoder's blocks rematerialized under one scan: the
-    title says so, the stacked parameters are planned (one ``blocks`` subtree), and the report
-    shows the recomputed blocks."""
+    """--remat --scan-layers build a large decoder's blocks rematerialized under one scan, and
+    --seq-len sets its tokens per sequence: the title says so, the stacked parameters are
+    planned (one ``blocks`` subtree) and the report shows the recomputed blocks."""
     import json
 
     out_json = tmp_path / "plan.json"
     argv = ["plan", "llama3_8b", "--small", "--mesh", "a=2,b=4", "--cluster", "dgx-h100"]
-    rc, out, _ = run_cli([*argv, "--remat", "--scan-layers", "--json", str(out_json), "--quiet"],
-                         capsys)  # fmt: skip
+    flags = ["--remat", "--scan-layers", "--seq-len", "32", "--json", str(out_json), "--quiet"]
+    rc, out, _ = run_cli([*argv, *flags], capsys)
     assert rc == 0
-    assert out.startswith("llama3_8b (small), remat, scanned layers, batch 16")
+    title = "llama3_8b (small), remat, scanned layers, 32 tokens per sequence, batch 16"
+    assert out.startswith(title)
     auto = json.loads(out_json.read_text())["strategies"]["auto"]
     assert any("['blocks']" in path for path in auto["in_specs"])
     assert not any("['block0']" in path for path in auto["in_specs"])
     assert any("rematted_computation" in row["layer"] for row in auto["layers"])
+    # what was planned: 16 sequences of 32 tokens (16 by default), the blocks scanned
+    from jaxpar.cli import zoo_example
+    from jaxpar.cli_input import DecoderLayers
+
+    layers = DecoderLayers(remat=True, scan=True, seq_len=32)
+    ex, batch, _ = zoo_example("llama3_8b", None, True, "float32", 8, layers)
+    assert batch == 16 and ex.args[1]["tokens"].shape == (16, 32)
+    assert ex.config["remat"] and ex.config["scan_layers"]
 
 
 def test_plan_mixture_of_experts_by_capacity(capsys):
@@ -244,6 +253,8 @@ BAD_PLAN_INPUT = [
         ["'0' is not a positive", "--capacity-factor 1.25"],
     ),
     (["mixtral_8x7b", "--mesh", "a=2", "--capacity-factor", "nan"], ["'nan' is not a positive"]),
+    (["vgg16", "--mesh", "a=2", "--seq-len", "128"], ["--seq-len applies to the large decoders"]),
+    (["llama3_8b", "--mesh", "a=2", "--seq-len", "0"], ["'0' is not a sequence length"]),
     # usage errors: one line too, no usage block
     (["lenet5"], ["required: --mesh", "jaxpar plan --help"]),
     (["lenet5", "--mesh", "a=4", "--bogus"], ["unrecognized arguments: --bogus"]),
