@@ -19,9 +19,10 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     apply    Plan               -> jitted step with constraints          apply, meshes
     verify   compiled HLO       -> the collectives XLA emitted           verify
 
-The pure core (`graph`, `opspace`, `rules`, `rules_indexing`, `nodes`, `labels`, `configs`,
-`collectives`, `reshard`, `kernels`, `cost`, `tables`, `search`, `kcut`, `baselines`,
-`evaluate`, `verify`, `buffers`, `memory_estimate`, `memory`, `budget`, `hardware`) imports no jax.
+The pure core (`graph`, `opspace`, `rules`, `rules_contractions`, `rules_indexing`, `nodes`,
+`labels`, `configs`, `collectives`, `reshard`, `kernels`, `cost`, `tables`, `search`, `kcut`,
+`baselines`, `evaluate`, `verify`, `buffers`, `memory_estimate`, `memory`, `budget`,
+`hardware`) imports no jax.
 """
 
 from . import distributed, verify

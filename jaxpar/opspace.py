@@ -13,7 +13,8 @@ iteration dimension or to none (the axis replicates). From the maps follow, for 
   that an all-reduce completes;
 - the degree of parallelism, hence the per-device compute.
 
-The rules themselves are in `rules` (and `rules_indexing`). Pure (no jax import).
+The rules themselves are in `rules` (and `rules_contractions`, `rules_indexing`,
+`rules_loops`). Pure (no jax import).
 """
 
 from __future__ import annotations
