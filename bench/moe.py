@@ -21,7 +21,6 @@ all-to-alls in the MoE layers, and the fastest hand plan that fits. Everything i
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -33,20 +32,12 @@ import jax
 import jaxpar
 from models.llama import llama_config, llama_example
 
+sys.path.insert(0, os.path.dirname(__file__))
+from scanned import best_fitting_hand_plan
+
 MESHES = [{"node": 8, "gpu": 8}, {"node": 32, "gpu": 8}]
 DISPATCHES = [("dropless", None), ("capacity 1.25", 1.25)]
 BATCH = 64
-
-
-def best_fitting_hand_plan(plan) -> tuple[str | None, float]:
-    """(name, overlapped step) of the fastest hand plan whose predicted peak fits."""
-    best: tuple[str | None, float] = (None, math.nan)
-    for name, (assignment, evaluation) in plan.choice.baselines.items():
-        step = evaluation.cost.overlapped_step_s
-        fits = plan.memory_model.estimate(assignment, plan.memory.budget).fits
-        if fits is not False and not step >= best[1]:
-            best = (name, step)
-    return best
 
 
 def row(mesh: dict, dispatch: str, capacity: float | None) -> dict:

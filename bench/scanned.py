@@ -73,11 +73,11 @@ def plan_row(ex, mesh: dict, cluster: str, objective: str | None) -> dict:
         "data_chosen_step_s": plan.baselines["data"].step_for(plan.objective),
         "peak_gb": plan.memory.peak / 1e9,
         "fits": bool(plan.memory.fits),
-        "best_hand": _best_fitting_hand_plan(plan),
+        "best_hand": best_fitting_hand_plan(plan),
     }
 
 
-def _best_fitting_hand_plan(plan) -> list:
+def best_fitting_hand_plan(plan) -> list:
     """[name, step s] of the fastest hand plan whose predicted peak fits (by the step the plan
     was chosen by), or [None, nan]."""
     best = [None, math.nan]

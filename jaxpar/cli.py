@@ -30,11 +30,11 @@ from .cli_input import (
     OBJECTIVE_CHOICES,
     SEARCH_CHOICES,
     STRATEGY_CHOICES,
-    DecoderLayers,
+    DecoderBuild,
     arg_type,
     check_batch,
     check_cluster,
-    check_decoder_layers,
+    check_decoder_build,
     check_model,
     check_output_path,
     check_plot,
@@ -199,40 +199,41 @@ def zoo_example(
     small: bool,
     dtype: Any,
     devices: int,
-    layers: DecoderLayers | None = None,
+    build: DecoderBuild | None = None,
 ) -> tuple[Any, int, str]:
     """The zoo example, its global batch, and how the batch was chosen (``""``: --batch).
 
     Without --batch: the model's default batch, rounded up to a multiple of the device count
     so that it splits over the mesh (GPT's default of 8 sequences would not split over 16).
-    ``layers``: how a large decoder's blocks are built (--remat, --scan-layers).
+    ``build``: how a large decoder is built (--remat, --scan-layers, --seq-len,
+    --capacity-factor).
     """
     import jax
 
-    layers = layers or DecoderLayers()
+    build = build or DecoderBuild()
 
-    def build(batch: int | None) -> Any:
-        if layers == DecoderLayers():
+    def example(batch: int | None) -> Any:
+        if build == DecoderBuild():
             import models
 
             return models.get(name, batch=batch, small=small, dtype=dtype)
         from models.llama import llama_config, llama_example
 
         cfg = llama_config(
-            name, small, remat=layers.remat, batch=batch, seq_len=layers.seq_len,
-            scan_layers=layers.scan, capacity_factor=layers.capacity,
+            name, small, remat=build.remat, batch=batch, seq_len=build.seq_len,
+            scan_layers=build.scan, capacity_factor=build.capacity,
         )  # fmt: skip
         return llama_example(name, cfg, dtype)
 
     if batch is not None:
-        return build(batch), batch, ""
-    ex = build(None)
+        return example(batch), batch, ""
+    ex = example(None)
     default = int(jax.tree.leaves(ex.args[1])[0].shape[0])
     batch = -(-default // devices) * devices
     if batch == default:
         return ex, batch, "the model's default"
     note = f"the model's default {default}, rounded up to a multiple of the {devices} devices"
-    return build(batch), batch, note
+    return example(batch), batch, note
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -247,7 +248,7 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.batch is not None:
         check_batch(args.batch, devices)
     model = check_model(args.model)
-    layers = check_decoder_layers(
+    build = check_decoder_build(
         model, args.remat, args.scan_layers, args.capacity_factor, args.seq_len
     )  # fmt: skip
     preset = check_cluster(args.cluster)
@@ -264,9 +265,9 @@ def plan_command(args: argparse.Namespace) -> int:
     wide = jax.enable_x64(True) if args.dtype == "float64" else contextlib.nullcontext()
     with wide:
         ex, batch, note = zoo_example(
-            model, args.batch, args.small, jnp.dtype(args.dtype), devices, layers
+            model, args.batch, args.small, jnp.dtype(args.dtype), devices, build
         )  # fmt: skip
-        size = ", ".join(("small" if args.small else "full size", *layers.words()))
+        size = ", ".join(("small" if args.small else "full size", *build.words()))
         say("model", f"{model} ({size}), batch {batch}" + (f" ({note})" if note else ""))
         strategy = "auto" if args.strategy == "all" else args.strategy
         plan = jaxpar.plan(
@@ -284,7 +285,7 @@ def plan_command(args: argparse.Namespace) -> int:
         plans = {n: plan.variant(n) for n in names}
         title = (
             f"{model}{' (small)' if args.small else ''}"
-            + "".join(f", {w}" for w in layers.words())
+            + "".join(f", {w}" for w in build.words())
             + f", batch {batch}"
             f"{f' ({note})' if note else ''}, mesh {mesh_text(mesh)} "
             f"({plural(devices, 'device')}), cluster {cluster.name}, objective "
@@ -403,7 +404,8 @@ def _plan_epilog() -> str:
         names(models.NAMES),
         "small test models:",
         names(models.EXTRA),
-        "large decoders (--remat rematerializes each block, --scan-layers stacks them in a scan):",
+        "large decoders (--remat, --scan-layers, --seq-len; --capacity-factor for a mixture of "
+        "experts):",
         names((*models.LARGE, *models.LARGE_EXTRA)),
         "",
         "cluster presets (--cluster; 'jaxpar clusters' prints every number and its source):",

@@ -260,10 +260,10 @@ def check_model(name: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderLayers:
-    """How a large decoder's blocks are built: ``remat`` (each block rematerialized in the
-    backward pass), ``scan`` (the blocks stacked under one ``nn.scan``), ``capacity`` (a
-    mixture of experts dispatched by capacity, GShard's way; None: dropless)."""
+class DecoderBuild:
+    """How a large decoder is built: ``remat`` (each block rematerialized in the backward
+    pass), ``scan`` (the blocks stacked under one ``nn.scan``), ``capacity`` (a mixture of
+    experts dispatched by capacity, GShard's way; None: dropless), ``seq_len``."""
 
     remat: bool = False
     scan: bool = False
@@ -309,20 +309,20 @@ def parse_capacity(text: str) -> float:
     return value
 
 
-def check_decoder_layers(
+def check_decoder_build(
     name: str,
     remat: bool,
     scan: bool,
     capacity: float | None = None,
     seq_len: int | None = None,
-) -> DecoderLayers:
-    """`DecoderLayers` for --remat / --scan-layers / --capacity-factor / --seq-len, or
+) -> DecoderBuild:
+    """`DecoderBuild` for --remat / --scan-layers / --capacity-factor / --seq-len, or
     ValueError when ``name`` is not one of the large decoders (the Llama family: only they build
     their blocks either way), or has no mixture of experts for --capacity-factor."""
     import models
     from models.llama import CONFIGS
 
-    layers = DecoderLayers(remat, scan, capacity, seq_len)
+    layers = DecoderBuild(remat, scan, capacity, seq_len)
     given = [f for f, on in (("--remat", remat), ("--scan-layers", scan)) if on]
     given += [f for f, v in (("--capacity-factor", capacity), ("--seq-len", seq_len)) if v]
     if given and name not in CONFIGS:

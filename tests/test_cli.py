@@ -120,10 +120,10 @@ def test_plan_large_decoder_with_remat_and_scanned_layers(tmp_path, capsys):
     assert any("rematted_computation" in row["layer"] for row in auto["layers"])
     # what was planned: 16 sequences of 32 tokens (16 by default), the blocks scanned
     from jaxpar.cli import zoo_example
-    from jaxpar.cli_input import DecoderLayers
+    from jaxpar.cli_input import DecoderBuild
 
-    layers = DecoderLayers(remat=True, scan=True, seq_len=32)
-    ex, batch, _ = zoo_example("llama3_8b", None, True, "float32", 8, layers)
+    build = DecoderBuild(remat=True, scan=True, seq_len=32)
+    ex, batch, _ = zoo_example("llama3_8b", None, True, "float32", 8, build)
     assert batch == 16 and ex.args[1]["tokens"].shape == (16, 32)
     assert ex.config["remat"] and ex.config["scan_layers"]
 
