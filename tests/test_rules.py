@@ -274,33 +274,20 @@ def test_ragged_dot_splits_every_dim_but_the_ragged_and_group_dims():
 
 
 class _RaggedMoE:
-    """A mixture of experts as dropless MoE code writes it: top-1 routing, tokens sorted by
-    expert, the expert layers as grouped matmuls (``ragged_dot``), gated outputs scattered back;
-    its Adam step (float64)."""
+    """The zoo's dropless mixture of experts (`models.llama.MixtureOfExperts`: top-2 routing,
+    tokens sorted by expert, grouped matmuls, ``bincount`` rows per expert) on its own, and its
+    Adam step (float64)."""
 
     experts, width, hidden, tokens = 4, 64, 256, 512
 
     def __init__(self):
-        import flax.linen as nn
         import optax
 
-        e, d, f = self.experts, self.width, self.hidden
+        from models.llama import MixtureOfExperts
 
-        class MoE(nn.Module):
-            @nn.compact
-            def __call__(self, x):
-                router = nn.Dense(e, use_bias=False)(x)
-                expert = jnp.argmax(router, -1)
-                gate = jnp.max(jax.nn.softmax(router, -1), -1)
-                order = jnp.argsort(expert)
-                sizes = jax.nn.one_hot(expert, e, dtype=jnp.int32).sum(0)
-                w_in = self.param("w_in", nn.initializers.lecun_normal(), (e, d, f), x.dtype)
-                w_out = self.param("w_out", nn.initializers.lecun_normal(), (e, f, d), x.dtype)
-                h = jax.nn.gelu(jax.lax.ragged_dot(x[order], w_in, sizes))
-                y = jnp.zeros_like(x).at[order].set(jax.lax.ragged_dot(h, w_out, sizes))
-                return x + y * gate[:, None]
-
-        self.model, self.tx = MoE(), optax.adam(1e-3)
+        kw = {"dtype": jnp.float64, "param_dtype": jnp.float64}
+        self.model = MixtureOfExperts(self.experts, 2, self.hidden, **kw)
+        self.tx = optax.adam(1e-3)
 
     def step(self, params, opt, x):
         import optax
@@ -337,8 +324,10 @@ def test_grouped_matmul_moe_shards_its_experts_and_keeps_the_numbers(shape, capl
         assert_equivalent(out, jax.jit(moe.step)(*args), rtol=1e-12)
         plan = step.plan
         dots = [e for e in plan.program.eqns if e.primitive == "ragged_dot_general"]
-        assert len(dots) == 5  # two forward, each's input and weight gradient but the first's
+        # gate, up and down forward; down's input gradient; the three weight gradients
+        assert len(dots) == 7
         paths = zip(plan.program.invars, plan.program.invar_paths, strict=True)
-        weights = [t for t, p in paths if "w_" in p]  # the parameters, then Adam's moments
-        assert len(weights) == 6 and all(any(plan.tensor_specs[t]) for t in weights[:2])
+        names = ("['gate']", "['up']", "['down']")
+        experts = [t for t, p in paths if p.endswith(names)]  # the parameters, then Adam's
+        assert len(experts) == 9 and all(any(plan.tensor_specs[t]) for t in experts[:3])
         assert_fidelity(plan, step.lower(*args).compile())
