@@ -232,14 +232,13 @@ def test_gemma_shape_shards_like_the_unsharded_step():
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize(
-    ("scan", "capacity"), [(False, None), (True, None), (False, 1.25), (True, 1.25)]
-)
+@pytest.mark.slow
+@pytest.mark.parametrize(("scan", "capacity"), [(False, None), (True, None), (True, 1.25)])
 def test_mixture_of_experts_shards_like_the_unsharded_step(scan, capacity):
     """Mixtral's shape at test size (4 SwiGLU experts, top-2), dropless (grouped matmuls over
-    tokens sorted by expert) and with GShard's capacity dispatch, unrolled and scanned: its
-    auto-sharded step on 2 x 4 equals the unsharded one in float64, and the compiled
-    collectives are the predicted ones."""
+    tokens sorted by expert; unrolled and scanned) and with GShard's capacity dispatch
+    (scanned): its auto-sharded step on 2 x 4 equals the unsharded one in float64, and the
+    compiled collectives are the predicted ones."""
     from helpers import assert_equivalent, assert_fidelity
 
     with jax.enable_x64(True):
@@ -256,6 +255,7 @@ def test_mixture_of_experts_shards_like_the_unsharded_step(scan, capacity):
 
 
 @pytest.mark.numerics
+@pytest.mark.slow
 def test_capacity_dispatch_without_drops_is_the_dropless_mixture():
     """With a capacity of every token (capacity_factor = experts / top_k), GShard's dispatch
     drops nothing and computes what the grouped matmuls do (float64, the same parameters);
