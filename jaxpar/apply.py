@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from .configs import Spec, spec_of
 from .graph import SCAN, Region
 from .meshes import make_mesh
-from .options import DEFAULT_OBJECTIVE, PlannerOptions
+from .options import DEFAULT_OBJECTIVE, PIPELINER_FLAGS, PlannerOptions
 from .plan_file import as_plan_file
 from .plan_reuse import bind, check_mesh
 from .planner import make_plan, merge_options
@@ -237,6 +239,7 @@ class AutoSharded:
             plan = bind(self.given_plan, self.fn, args, self._mesh(), self.cluster)
         else:
             plan = make_plan(self.fn, args, self._mesh(), self.cluster, self.options, self.in_specs)
+        warn_unpipelined(plan)
         from .distributed import check_plan  # mesh over several processes: all planned the same
 
         check_plan(plan, args)  # else raises MultiHostMismatch (a no-op on one process)
@@ -307,6 +310,23 @@ class AutoSharded:
             for a, s in zip(arrays, compiled.in_shardings, strict=True)
         ]
         return compiled.jitted.lower(*abstract)
+
+
+def warn_unpipelined(plan: Plan) -> None:
+    """Warn when a GPU plan assumes XLA's collective pipeliner (``pipelined_loops``) that this
+    process's ``XLA_FLAGS`` does not turn on: the compiled loops will not pipeline."""
+    if not (plan.options.pipelined_loops and plan.platform == "gpu" and plan.program.scan_loops()):
+        return
+    given = os.environ.get("XLA_FLAGS", "").split()
+    missing = [f for f in PIPELINER_FLAGS if f not in given]
+    if missing:
+        warnings.warn(
+            f"jaxpar: the plan assumes XLA's collective pipeliner (pipelined_loops=True), but "
+            f"XLA_FLAGS lacks {' '.join(missing)}: the compiled loops will not pipeline and the "
+            "step will be slower than predicted. Set them before jax starts, or plan with "
+            "pipelined_loops=False",
+            stacklevel=3,
+        )
 
 
 def auto_shard(

@@ -279,6 +279,7 @@ def plan_command(args: argparse.Namespace) -> int:
             objective=args.objective,
             search=args.search,
             memory_budget=args.memory_budget,
+            options=jaxpar.PlannerOptions(pipelined_loops=args.pipelined_loops),
             progress=say,
         )
         names = ALL_STRATEGIES if args.strategy == "all" else (strategy,)
@@ -543,6 +544,13 @@ def _add_plan(sub: Any) -> None:
         metavar="F",
         help="mixtures of experts: GShard's capacity dispatch, F x an expert's even share of "
         "slots (copies past it dropped; expert parallelism can split it); default dropless",
+    )
+    p_plan.add_argument(
+        "--pipelined-loops",
+        action="store_true",
+        help="the target compiles with XLA:GPU's collective pipeliner (XLA_FLAGS "
+        "--xla_gpu_enable_pipelined_{all_gather,all_reduce,reduce_scatter}=true): a scan's "
+        "weight gathers and gradient all-reduces overlap the neighbouring iteration",
     )
     p_plan.add_argument("--json", metavar="FILE", help="write the plan(s) as JSON")
     p_plan.add_argument(

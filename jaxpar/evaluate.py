@@ -19,14 +19,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .collectives import ALL_REDUCE, all_reduce_buffer, ring_steps
+from .collectives import ALL_GATHER, ALL_REDUCE, all_reduce_buffer, ring_steps
 from .combine import COMBINERS, AllReduceItem, Combiner, group_all_reduces, item_dependencies
 from .configs import spec_of, split_axes
 from .cost import CostParams, is_grad_sync, node_collectives, node_dtype, node_price
-from .graph import shape_str
+from .graph import SCAN_SLICE, SCAN_STACK, shape_str
 from .hardware.speeds import MeshSpeeds
 from .nodes import NodeGraph
-from .overlap import COMM, Timeline, list_schedule
+from .overlap import COMM, COMPUTE, Timeline, list_schedule
 from .reshard import SLICE, local_priced, local_time, priced_steps, reshard_path, step_time
 from .tables import CostTables, gathers_free
 
@@ -122,6 +122,9 @@ class EvalContext:
     feedback: frozenset[int]  # state results that become the next step's arguments
     speeds: MeshSpeeds | None = None
     combiner: Combiner = COMBINERS["gpu"]  # the target backend's all-reduce combiner
+    # the loops whose collectives XLA's collective pipeliner moves across iterations
+    # (`PlannerOptions.pipelined_loops`: `pipelined_loops`)
+    pipelined: frozenset[int] = frozenset()
     # what every evaluation of these tables shares (`_priced_reads`), built on first use
     memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -225,12 +228,16 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     local = local_priced(mesh, ctx.params.objective)
     local_bytes = 0.0  # what the reshards' local kernels read and write
     priced = _priced_reads(ctx)
+    gathered: set[int] = set()  # resharded reads that only gather (and slice)
     for r in _resharded(ctx, assignment):  # the rest are read as they are (most reads)
         u, use, nbytes, trips, feedback, name, gathers_free = priced[r]
         src = spec_of(use.src_map, configs[use.src][assignment[use.src]])
         dst = spec_of(use.dst_map, configs[use.dst][assignment[use.dst]])
         path = reshard_path(nbytes, src, dst, mesh.sizes)
-        for step in priced_steps(path, gathers_free, local):
+        steps = priced_steps(path, gathers_free, local)
+        if ctx.pipelined and all(step.kind in (ALL_GATHER, SLICE) for step in steps):
+            gathered.add(u)
+        for step in steps:
             key = (use.tensor, use.context, step.before, step.after)
             sent = step_time(step, mesh) * trips
             copying = local_time(step, mesh) * trips if local else 0.0
@@ -257,7 +264,7 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     saved = sum(riding.values())
     plain = _plan_cost(t_c, ratio, t_x, t_s, sent_bytes)
     plain = dataclasses.replace(plain, local_bytes=local_bytes)
-    overlapped = _timeline(ctx, t_c, colls, own_of, riding, paths).makespan()
+    overlapped = _timeline(ctx, t_c, colls, own_of, riding, paths, gathered).makespan()
     cost = dataclasses.replace(
         plain,
         combined_all_reduces=sum(
@@ -270,6 +277,13 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     rows = np.array([t_c, ratio, t_x, t_s, sent_bytes], dtype=np.float64).T
     rows.flags.writeable = False
     return Evaluation(cost, tuple(colls), rows, objective)
+
+
+# Nodes that only change a tensor's shape, order or type: XLA's collective pipeliner moves an
+# all-reduce across iterations through them (`pipelining`)
+FORMATTING = frozenset(
+    ("reshape", "squeeze", "expand_dims", "transpose", "convert_element_type", "copy")
+)
 
 
 def _priced_reads(ctx: EvalContext) -> list[tuple]:
@@ -330,18 +344,35 @@ def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, floa
     return riding
 
 
-def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
+def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered) -> Timeline:
     """The step on a compute and a communication stream (`overlap`): nodes list-scheduled in
     program order (`overlap.list_schedule`), each after the reshards it reads through; deferred
-    reads (the state into the next step's layout, a scan's carry) at the end."""
-    uses, nodes = ctx.tables.uses, ctx.ng.nodes
+    reads (the state into the next step's layout, a scan's carry) at the end.
+
+    In a pipelined loop (``ctx.pipelined``, `pipelining`) a loop body's node reads its
+    gathered slices without waiting (they were gathered during the previous iteration), and
+    the all-reduces of a node whose results are only stacked wait for nothing of the
+    iteration (they are the previous iteration's): both still run on the communication stream,
+    and what reads the stacked results after the loop waits for them."""
+    uses, nodes, regions = ctx.tables.uses, ctx.ng.nodes, ctx.ng.program.regions
     line = Timeline()
     order, into, deferred, srcs, producers = _stream_order(ctx)
+    behind, ahead = pipelining(ctx)
+    late: dict[int, int] = {}  # node -> its all-reduce run an iteration behind (its last)
+    started: dict[int, int] = {}  # pipelined loop -> a marker task where its compute starts
 
     def read(u: int) -> int | None:
         last = None
-        for key, seconds in paths.get(u, ()):
-            last = line.reshard(key, uses[u].src, last, seconds)
+        steps = paths.get(u, ())
+        share = 1.0
+        if u in ahead and u in gathered:  # the first iteration's gathers, waited on
+            share = 1.0 / regions[nodes[uses[u].dst].region].trips
+        for key, seconds in steps:
+            last = line.reshard(key, uses[u].src, last, seconds * share)
+        if share < 1.0:  # the rest, each during the iteration before its own
+            rest = None
+            for key, seconds in steps:
+                rest = line.reshard((*key, "ahead"), uses[u].src, rest, seconds * (1 - share))
         return last if last is not None else line.ready.get(uses[u].src)
 
     ready = line.ready
@@ -353,16 +384,32 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
     waiting: dict[int, list[int]] = {g: [] for g in groups}  # open group -> its waiting nodes
 
     def issue(v: int) -> list[int | None]:
-        return [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
+        tasks = [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
+        if late:  # outside the loop, a stack waits for its all-reduces run an iteration behind
+            loop = nodes[v].region
+            tasks += [late.get(srcs[u]) for u in into.get(v, ()) if nodes[srcs[u]].region != loop]
+        return tasks
 
     def run(v: int, reads: list[int | None]) -> None:
-        before, after = [], []
+        loop = nodes[v].region
+        if loop in ctx.pipelined and loop not in started:
+            started[loop] = line.add(COMPUTE, 0.0)
+        before, after, later = [], [], []
         for k in own_of[v]:
             c = colls[k]
             if c.group in groups:
                 continue  # runs with its combined all-reduce, after the group's last member
-            (after if c.kind == ALL_REDUCE else before).append(c.time_s - riding.get(k, 0.0))
+            seconds = c.time_s - riding.get(k, 0.0)
+            if c.kind != ALL_REDUCE:
+                before.append(seconds)
+            else:
+                (later if v in behind else after).append(seconds)
         line.node(v, t_c[v], reads, before, after)
+        for seconds in later:
+            task = _behind(line, seconds, started[loop], [ready[v]], regions[loop].trips)
+            _latest(line, late, v, task)
+        for u in into.get(v, ()):  # formatting and stacking results reduced a step behind
+            _latest(line, late, v, late.get(srcs[u]))
         pending = member_of.get(v, set()).union(*(waits.get(srcs[u], ()) for u in into.get(v, ())))
         pending = {g for g in pending if g in waiting}
         if pending:
@@ -377,10 +424,16 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
                 continue
             members, ks = groups[g]
             seconds = sum(colls[k].time_s - riding.get(k, 0.0) for k in ks)
-            task = line.add(COMM, seconds, [ready[m] for m in members])
+            deps = [ready[m] for m in members]
+            if all(m in behind for m in members):
+                loop = nodes[members[0]].region
+                task = _behind(line, seconds, started[loop], deps, regions[loop].trips)
+                for t in waiting.pop(g):
+                    _latest(line, late, t, task)
+                continue
+            task = line.add(COMM, seconds, deps)
             for t in waiting.pop(g):
-                if line.finish[task] > line.finish[ready[t]]:
-                    ready[t] = task
+                _latest(line, ready, t, task)
 
     list_schedule(
         line, order, lambda v: producers.get(v, ()), lambda v: nodes[v].region, issue, run
@@ -388,6 +441,71 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths) -> Timeline:
     for u in deferred:
         read(u)
     return line
+
+
+def _behind(line: Timeline, seconds: float, start: int, deps: list, trips: int) -> int:
+    """An all-reduce a pipelined loop runs an iteration behind: every iteration's but the
+    last beside the next iteration (from the loop's ``start``), the last after its producer
+    (``deps``: the loop's epilogue). Returns the task that finishes later."""
+    rest = line.add(COMM, seconds * (trips - 1) / trips, [start])
+    last = line.add(COMM, seconds / trips, deps)
+    return last if line.finish[last] >= line.finish[rest] else rest
+
+
+def _latest(line: Timeline, tasks: dict[int, int], v: int, task: int | None) -> None:
+    """``tasks[v]``: ``task`` if it finishes after the one there."""
+    if task is not None and (v not in tasks or line.finish[task] > line.finish[tasks[v]]):
+        tasks[v] = task
+
+
+def pipelining(ctx: EvalContext) -> tuple[frozenset[int], frozenset[int]]:
+    """What XLA's collective pipeliner moves in the loops of ``ctx.pipelined`` (kept in
+    ``ctx.memo``; empty sets when none is):
+
+    - the nodes whose every reader stacks their results into the loop's ys, directly or
+      through `FORMATTING` nodes (a weight gradient, transposed): their all-reduces run an
+      iteration behind, beside the next iteration (XLA:GPU's forward pipelining of
+      all-reduce);
+    - the reads of an xs slice by a node of the same loop (a layer's weights): their
+      all-gathers run an iteration ahead (backward pipelining of all-gather), so the reader
+      does not wait for them (`_timeline` checks that a read only gathers)."""
+    if not ctx.pipelined:
+        return frozenset(), frozenset()
+    if "pipelining" not in ctx.memo:
+        ng = ctx.ng
+        eqns = ng.program.eqns
+
+        def primitive(v: int) -> str:
+            return eqns[nodes[v].anchor].primitive if nodes[v].anchor >= 0 else ""
+
+        def anchored(v: int, name: str) -> bool:
+            return primitive(v) == name
+
+        nodes = ng.nodes
+        readers: dict[int, set[int]] = {}
+        ahead = set()
+        for u, use in enumerate(ctx.tables.uses):
+            if use.src == use.dst:
+                continue
+            readers.setdefault(use.src, set()).add(use.dst)
+            loop = nodes[use.src].region
+            if (
+                loop in ctx.pipelined
+                and nodes[use.dst].region == loop
+                and anchored(use.src, SCAN_SLICE)
+            ):
+                ahead.add(u)
+        behind: set[int] = set()
+        for v in sorted(readers, key=lambda v: -max(m.eqn for m in nodes[v].members)):
+            loop = nodes[v].region  # readers first: in reverse program order
+            if loop in ctx.pipelined and all(
+                nodes[d].region == loop
+                and (anchored(d, SCAN_STACK) or (d in behind and primitive(d) in FORMATTING))
+                for d in readers[v]
+            ):
+                behind.add(v)
+        ctx.memo["pipelining"] = (frozenset(behind), frozenset(ahead))
+    return ctx.memo["pipelining"]
 
 
 def _combined_groups(order: list[int], colls: list[Collective], own_of) -> tuple[dict, dict]:

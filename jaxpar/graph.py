@@ -145,6 +145,11 @@ class Program:
             return 1
         return math.prod(self.regions[i].trips for i in self.region_chain(region))
 
+    def scan_loops(self) -> frozenset[int]:
+        """The scans that iterate (trip count above 1): the loops XLA's collective pipeliner
+        works on."""
+        return frozenset(r.index for r in self.regions if r.kind == SCAN and r.trips > 1)
+
     def body_of(self, region: int, eqn: int) -> int:
         """Which body of ``region`` holds equation ``eqn``: a cond's branch (each its own
         computation in XLA), 0 for a scan's body or outside regions."""

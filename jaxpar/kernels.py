@@ -151,7 +151,11 @@ def _index(program: Program) -> _ProgramIndex:
     hit = _INDEX.get(key)
     if hit is None or hit[0]() is not program:
         producer = {t: e for e in program.eqns for t in e.outputs}
-        results = frozenset(t for t in program.outvars if t is not None)
+        # what is written whoever reads it: the program's results, and what a loop body
+        # returns to its next iteration (its carry)
+        results = frozenset(t for t in program.outvars if t is not None) | frozenset(
+            t for region in program.regions for t in region.carry_out if t is not None
+        )
         index = _ProgramIndex(producer, program.consumers(), results, {}, {}, {}, {})
         hit = (weakref.ref(program), index)
         _INDEX[key] = hit
@@ -161,11 +165,12 @@ def _index(program: Program) -> _ProgramIndex:
 
 def recomputed(program: Program, tid: int, rules: FusionRules = ACCELERATOR_FUSION) -> bool:
     """Whether tensor ``tid`` is never written to memory because XLA computes it inside the
-    kernels that read it: a reshape's result is a bitcast of its operand (`ALIASES`); an
-    elementwise or layout result (`RECOMPUTED_PRODUCERS`) that is no program result and whose
-    reading equations all fuse it (`_fuses`) is computed in each of them (XLA's
-    producer-consumer fusion). With one reader on every backend; with several only where the
-    backend duplicates producers (`FusionRules.duplicate_producers`), else it is written once."""
+    kernels that read it: a reshape's result is a bitcast of its operand (`ALIASES`), a dot's
+    result transposed (`_folded_into_dot`) is the dot's; an elementwise or layout result
+    (`RECOMPUTED_PRODUCERS`) that is no program result and whose reading equations all fuse
+    it (`_fuses`) is computed in each of them (XLA's producer-consumer fusion). With one
+    reader on every backend; with several only where the backend duplicates producers
+    (`FusionRules.duplicate_producers`), else it is written once."""
     index = _index(program)
     key = (tid, rules.duplicate_producers)
     hit = index.recomputed.get(key)
@@ -178,7 +183,7 @@ def _recomputed(program: Program, index: _ProgramIndex, tid: int, rules: FusionR
     eqn = index.producer.get(tid)
     if eqn is None or tid in index.results:
         return False
-    if eqn.primitive in ALIASES:
+    if eqn.primitive in ALIASES or _folded_into_dot(index, eqn):
         return True
     readers = set(index.readers.get(tid, ()))
     if eqn.primitive not in RECOMPUTED_PRODUCERS or not readers:
@@ -193,6 +198,22 @@ def _recomputed(program: Program, index: _ProgramIndex, tid: int, rules: FusionR
     # once and reading it in each reader would (XLA:GPU's priority fusion weighs the same)
     again = sum(program.tensors[s].nbytes for s in _computed_from(program, tid, rules))
     return len(readers) * again <= (1 + len(readers)) * program.tensors[tid].nbytes
+
+
+def _folded_into_dot(index: _ProgramIndex, eqn: Equation) -> bool:
+    """Whether ``eqn`` transposes a dot's result that nothing else reads: XLA's algebraic
+    simplifier makes transpose(dot(a, b)) one dot writing the transposed layout (a scanned
+    weight gradient, transposed into its stack), so the transpose is never written."""
+    if eqn.primitive != "transpose":
+        return False
+    src = eqn.inputs[0]
+    made = index.producer.get(src)
+    return (
+        made is not None
+        and made.primitive == "dot_general"
+        and src not in index.results
+        and index.readers.get(src) == [eqn.index]
+    )
 
 
 def _fuses(program: Program, reader: int) -> bool:
@@ -219,7 +240,7 @@ def _sources(
     eqn = index.producer.get(tid)
     if eqn is None or not recomputed(program, tid, rules):
         return (tid,)
-    if eqn.primitive in ALIASES:
+    if eqn.primitive in ALIASES or _folded_into_dot(index, eqn):
         return _sources(program, eqn.inputs[0], fusing, rules)
     if not fusing:
         return (tid,)

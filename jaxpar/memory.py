@@ -47,6 +47,9 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   reduced gradients and their inputs are live at the group's last one (``combine_syncs``). A
   GPU/TPU backend reduce-scatters a gradient that is only read in slices (sharded state) where
   it is produced.
+- In a loop XLA's collective pipeliner runs (``pipelined``), the gathered copy of an xs slice
+  (a layer's weights) is made an iteration ahead: the next iteration's copy lives through the
+  whole body beside the current one.
 - Arguments are live for the whole step; a donated state argument's buffer holds its new value.
 - A result not aliased to a donated argument has an allocation of its own for the whole step;
   buffers that die before it is written live inside it, as XLA assigns them
@@ -89,8 +92,9 @@ from .buffers import (
     spreading_values,
     transposed_operands,
 )  # fmt: skip
+from .collectives import ALL_GATHER
 from .configs import Config, shard_count, spec_of
-from .graph import BACKWARD, FORWARD, UPDATE, phase_of
+from .graph import BACKWARD, FORWARD, SCAN_SLICE, UPDATE, phase_of
 from .memory_estimate import ARG_KINDS, CPU_MODEL_MARGIN, MODEL_MARGIN, MemoryEstimate
 from .nodes import NodeGraph
 from .reshard import SLICE, reshard_path
@@ -120,6 +124,8 @@ class MemoryInputs:
     combine_syncs: bool  # the backend combines gradient all-reduces (CPU)
     # XLA:CPU's buffers (16-bit dots in float32); None: the same as ``combine_syncs``
     cpu: bool | None = None
+    # loops whose gathers of xs slices XLA's collective pipeliner runs an iteration ahead
+    pipelined: frozenset[int] = frozenset()
 
 
 class MemoryModel:
@@ -159,6 +165,15 @@ class MemoryModel:
         self.transposed = transposed_operands(program) if self.cpu else frozenset()
         self._nbytes: dict[int, int] = {}
         self.invar_set = set(program.invars)
+        # xs slices of pipelined loops -> the loop's first and last positions: a gathered copy
+        # of one is made an iteration ahead, so the next iteration's lives through the body
+        self.prefetched: dict[int, tuple[int, int]] = {}
+        for node in ng.nodes:  # the slice's node: with its followers (a cast)
+            anchor = program.eqns[node.anchor].primitive if node.anchor >= 0 else None
+            if node.region in inputs.pipelined and anchor == SCAN_SLICE:
+                region = program.regions[node.region]
+                span = (self.position[region.first], self.position[region.end - 1])
+                self.prefetched.update(dict.fromkeys(node.tensor_maps, span))
         # XLA:CPU makes the casts, transposes and reversals of parameters (a kernel reversed
         # for the backward convolution) at the step's start
         self.from_params: set[int] = set()
@@ -581,6 +596,8 @@ class MemoryModel:
                 live(self._bytes(t, shared[want]), born, first, phase)
             last_direct = max(last_direct, first)  # the copy is made from the original
             self._buffer(self._bytes(t, want), first, reads, phase, live)
+            if t in self.prefetched and self._gathers_only(t, have, want):
+                live(self._bytes(t, want), *self.prefetched[t], phase)  # the next iteration's
             if self.cpu and not scatter:
                 in_flight = reshard_in_flight(nbytes, have, want, self.inp.sizes)
                 live(max(in_flight - self._bytes(t, want), 0.0), first, first, phase, flying=True)
@@ -674,6 +691,13 @@ class MemoryModel:
         else:
             live(size, born, max(plain), phase)
             live(wide, min(dots), max(dots), phase)
+
+    def _gathers_only(self, t: int, have, want) -> bool:
+        """Whether resharding ``t`` from ``have`` to ``want`` gathers (and slices) only: what
+        XLA's collective pipeliner moves an iteration ahead."""
+        nbytes = self.inp.ng.program.tensors[t].nbytes
+        kinds = {step.kind for step in reshard_path(nbytes, have, want, self.inp.sizes)}
+        return ALL_GATHER in kinds and kinds <= {ALL_GATHER, SLICE}
 
     def _slices_only(self, t: int, have, want) -> bool:
         """Whether resharding ``t`` from ``have`` to ``want`` only slices (sends nothing)."""

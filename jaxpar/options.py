@@ -13,6 +13,12 @@ SEARCHES = ("elimination", "kcut")  # joint elimination (OptCNN) / one DP per me
 # The step as XLA runs it: gradient syncs and prefetched gathers behind compute (docs/design.md,
 # "Overlapped step"). "time" (OptCNN Eq. 1) stays for the paper benchmarks and its certificate.
 DEFAULT_OBJECTIVE = "overlap"
+# XLA:GPU's collective pipeliner, on (`PlannerOptions.pipelined_loops`); off by default in XLA
+PIPELINER_FLAGS = (
+    "--xla_gpu_enable_pipelined_all_gather=true",
+    "--xla_gpu_enable_pipelined_all_reduce=true",
+    "--xla_gpu_enable_pipelined_reduce_scatter=true",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +52,12 @@ class PlannerOptions:
       certificate then speaks about. None (default): when the repeated layers hold at least
       `blocks.MIN_TIED_NODES` nodes (large steps, where search time matters; a small stack may
       gain from alternating layouts); True: whenever layers repeat; False: never.
+    - ``pipelined_loops``: the target compiles with XLA:GPU's collective pipeliner
+      (`PIPELINER_FLAGS` in ``XLA_FLAGS``, as MaxText sets them; off by default in XLA): a scan's
+      all-gathers of its stacked inputs' slices run an iteration ahead and its all-reduces of
+      what it stacks an iteration behind, beside the next iteration's compute, and each
+      prefetched gather holds one more buffer through the loop (docs/design.md, "Pipelined
+      loops"). False (default): a loop's collectives overlap only their own iteration.
     """
 
     strategy: str = "auto"
@@ -57,6 +69,7 @@ class PlannerOptions:
     memory_budget: float | str | None = "device"
     donate_argnums: tuple[int, ...] | None = None
     share_blocks: bool | None = None
+    pipelined_loops: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

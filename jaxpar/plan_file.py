@@ -4,7 +4,8 @@
 only parses and validates data, it cannot run code). Top-level fields, all required:
 
 - ``schema``, ``jaxpar_version``, ``jax_version``, ``function`` (the step's name, for reference);
-- ``options``: ``strategy``, ``objective``, ``search``, ``batch_argnums`` (null or ints);
+- ``options``: ``strategy``, ``objective``, ``search``, ``batch_argnums`` (null or ints), and
+  optionally ``pipelined_loops`` (bool; absent: false, as files written before it);
 - ``mesh``: ``axes`` (names, mesh order) and ``sizes``;
 - ``signature``: ``treedef`` (``str`` of the arguments' treedef, memory addresses blanked) and
   ``leaves``, per flat argument leaf ``{path, kind: "array", shape, dtype}`` or
@@ -121,6 +122,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "options": {
             "strategy": opts.strategy, "objective": opts.objective, "search": opts.search,
             "batch_argnums": None if opts.batch_argnums is None else list(opts.batch_argnums),
+            "pipelined_loops": opts.pipelined_loops,
         },
         "mesh": {"axes": list(plan.mesh_axes.names), "sizes": list(plan.mesh_axes.sizes)},
         "signature": {"treedef": treedef_text(layout.arg_treedef), "leaves": leaves},
@@ -212,10 +214,10 @@ def _kind(v: Any) -> str:
     )
 
 
-def _obj(v: Any, where: str, fields: tuple[str, ...]) -> dict:
+def _obj(v: Any, where: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
     if not isinstance(v, dict):
         _fail(where, f"expected an object, got {_kind(v)}")
-    unknown = sorted(set(v) - set(fields))
+    unknown = sorted(set(v) - set(fields) - set(optional))
     if unknown:
         _fail(where, f"unknown field(s) {[_short(k) for k in unknown[:5]]}; expected {fields}")
     missing = [k for k in fields if k not in v]
@@ -338,7 +340,12 @@ def names_to_pspec(spec: SpecNames) -> PartitionSpec:
 
 
 def _parse_options(v: Any) -> PlannerOptions:
-    o = _obj(v, "options", ("strategy", "objective", "search", "batch_argnums"))
+    o = _obj(
+        v, "options", ("strategy", "objective", "search", "batch_argnums"), ("pipelined_loops",)
+    )
+    pipelined = o.get("pipelined_loops", False)
+    if not isinstance(pipelined, bool):
+        _fail("options.pipelined_loops", f"expected true or false, got {_kind(pipelined)}")
     argnums = o["batch_argnums"]
     if argnums is not None:
         items = _list(argnums, "options.batch_argnums", maxlen=1 << 16)
@@ -351,6 +358,7 @@ def _parse_options(v: Any) -> PlannerOptions:
         search=_str(o["search"], "options.search", choices=SEARCHES),
         compare_searches=False,
         batch_argnums=argnums,
+        pipelined_loops=pipelined,
     )
 
 

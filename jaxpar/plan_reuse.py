@@ -35,6 +35,7 @@ from .planner import (
     assemble,
     memory_budget,
     memory_model,
+    pipelined_loops,
     target_for,
     trace_step,
 )
@@ -111,6 +112,7 @@ def rebuild(pf: PlanFile, traced: Any, target: Any, analysis: Any, clock: StageC
     ctx = EvalContext(
         ng, tables, params, analysis.batch, analysis.labels,
         frozenset(t for t, _ in analysis.feedback), target.speeds, target.combiner,
+        pipelined_loops(traced.program, pf.options),
     )  # fmt: skip
     zeros = (0,) * len(ng.nodes)
     evaluation = evaluate(ctx, zeros)
@@ -121,7 +123,7 @@ def rebuild(pf: PlanFile, traced: Any, target: Any, analysis: Any, clock: StageC
         edges=len(tables.problem.edges), max_configs=1, objective=evaluation.objective,
         lower_bound=None, saved=pf.predicted, loaded_plan=True,
     )  # fmt: skip
-    model = memory_model(traced, target, analysis, tables)
+    model = memory_model(traced, target, analysis, tables, pf.options)
     budget = memory_budget(pf.options.memory_budget, target)
     fit = BudgetFit(model.estimate(zeros, budget), False, None, 0)  # reported, not enforced
     plan = assemble(traced, target, analysis, tables, choice, pf.options, stats, model, fit)

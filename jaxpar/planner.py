@@ -138,7 +138,16 @@ def memory_budget(requested: float | str | None, target: Target) -> float | None
     return float(requested)
 
 
-def memory_model(traced: Traced, target: Target, analysis: Analysis, tables: CostTables):
+def pipelined_loops(program: Program, options: PlannerOptions) -> frozenset[int]:
+    """The loops whose collectives XLA's collective pipeliner moves across iterations: every
+    iterating scan when ``options.pipelined_loops``, else none."""
+    return program.scan_loops() if options.pipelined_loops else frozenset()
+
+
+def memory_model(
+    traced: Traced, target: Target, analysis: Analysis, tables: CostTables,
+    options: PlannerOptions,
+) -> MemoryModel:  # fmt: skip
     """The liveness model of the step's buffers under any assignment of ``tables``."""
     ng, batch = analysis.ng, analysis.batch
     return MemoryModel(
@@ -147,6 +156,7 @@ def memory_model(traced: Traced, target: Target, analysis: Analysis, tables: Cos
             feedback=dict(analysis.feedback), arg_kinds=traced.arg_kinds, donated=traced.donated,
             grad_sync=lambda v, cfg: is_grad_sync(ng.nodes[v], cfg, batch[v]),
             combine_syncs=target.mesh.platform == "cpu",
+            pipelined=pipelined_loops(traced.program, options),
         )
     )  # fmt: skip
 
@@ -216,11 +226,12 @@ def _make_plan(fn, args, mesh, cluster, options, in_specs, progress) -> Plan:
     ctx = EvalContext(
         analysis.ng, tables, target.params, analysis.batch, analysis.labels,
         frozenset(t for t, _ in analysis.feedback), target.speeds, target.combiner,
+        pipelined_loops(traced.program, options),
     )  # fmt: skip
     sizes = target.params.mesh.sizes
     budget = memory_budget(options.memory_budget, target)
     choice = clock.run("search", choose, ctx, options, sizes, clock.ticker("search", every=0.0))
-    model = memory_model(traced, target, analysis, tables)
+    model = memory_model(traced, target, analysis, tables, options)
     choice, fit = clock.run(
         "search", fit_budget, ctx, options, model, budget, choice, clock.ticker("search")
     )

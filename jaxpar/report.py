@@ -16,6 +16,7 @@ from .cost import node_dtype
 from .graph import BACKWARD, FORWARD, UPDATE
 from .hardware.mesh_model import cost_sources
 from .held import HeldBytes
+from .options import PIPELINER_FLAGS
 from .rules import CONTRACTIONS
 
 if TYPE_CHECKING:
@@ -247,6 +248,12 @@ def plan_report(plan: Plan) -> str:
         lines.append(
             f"overlapped: step {c.overlapped_step_s * 1e3:.4f} ms with communication on its own "
             f"stream beside compute ({why})"
+        )
+    if plan.options.pipelined_loops and plan.program.scan_loops():
+        lines.append(
+            "pipelined loops: each scan's weight gathers run an iteration ahead and its "
+            "stacked gradients' all-reduces an iteration behind (XLA:GPU's collective "
+            f"pipeliner: XLA_FLAGS={' '.join(PIPELINER_FLAGS)})"
         )
     lines += [
         certificate_line(plan),

@@ -104,14 +104,16 @@ def test_plan_single_strategy_report(capsys):
 def test_plan_large_decoder_with_remat_and_scanned_layers(tmp_path, capsys):
     """--remat --scan-layers build a large decoder's blocks rematerialized under one scan, and
     --seq-len sets its tokens per sequence: the title says so, the stacked parameters are
-    planned (one ``blocks`` subtree) and the report shows the recomputed blocks."""
+    planned (one ``blocks`` subtree) and the report shows the recomputed blocks.
+    --pipelined-loops prices the scan as XLA's collective pipeliner runs it, and says so."""
     import json
 
     out_json = tmp_path / "plan.json"
     argv = ["plan", "llama3_8b", "--small", "--mesh", "a=2,b=4", "--cluster", "dgx-h100"]
     flags = ["--remat", "--scan-layers", "--seq-len", "32", "--json", str(out_json), "--quiet"]
-    rc, out, _ = run_cli([*argv, *flags], capsys)
+    rc, out, _ = run_cli([*argv, *flags, "--pipelined-loops"], capsys)
     assert rc == 0
+    assert "pipelined loops: each scan's weight gathers run an iteration ahead" in out
     title = "llama3_8b (small), remat, scanned layers, 32 tokens per sequence, batch 16"
     assert out.startswith(title)
     auto = json.loads(out_json.read_text())["strategies"]["auto"]
