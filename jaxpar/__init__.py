@@ -11,7 +11,8 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     tables   nodes + reads      -> the two search problems               reshard, tables
     search   tables             -> elimination / descent, k-cut          search, kcut, baselines
     choose   searches           -> the plan, certified against a bound   choose, evaluate
-    memory   plan               -> peak bytes per device; fit a budget   buffers, memory, budget,
+    memory   plan               -> peak bytes per device; fit a budget   buffers, buffer_reads,
+                                                                             memory, budget,
                                                                              memory_estimate
     plan     assignment         -> Plan: layouts, cost, collectives      planner, result, pins
     save     Plan               -> JSON file; PartitionSpecs to export   plan_file, plan_export
@@ -21,8 +22,8 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
 
 The pure core (`graph`, `opspace`, `rules`, `rules_contractions`, `rules_indexing`, `nodes`,
 `labels`, `configs`, `collectives`, `reshard`, `kernels`, `cost`, `tables`, `search`, `kcut`,
-`baselines`, `evaluate`, `verify`, `buffers`, `memory_estimate`, `memory`, `budget`,
-`hardware`) imports no jax.
+`baselines`, `evaluate`, `verify`, `buffers`, `buffer_reads`, `memory_estimate`, `memory`,
+`budget`, `hardware`) imports no jax.
 """
 
 from . import distributed, verify

@@ -23,6 +23,7 @@ from typing import Any
 from jax import tree_util
 
 from .budget import BudgetFit, fit_budget
+from .buffer_reads import MemoryInputs
 from .choose import Choice, choose
 from .combine import Combiner, combiner_for
 from .cost import CostParams, is_grad_sync
@@ -33,7 +34,7 @@ from .hardware.mesh_model import mesh_axes, mesh_speeds, slowest_device, smalles
 from .hardware.speeds import MeshSpeeds
 from .kernels import fusion_for
 from .labels import batch_dims, node_labels
-from .memory import MemoryInputs, MemoryModel
+from .memory import MemoryModel
 from .memory_estimate import RESERVE_FRACTION, MemoryBudgetError, arg_kind, gb
 from .meshes import MeshDescription, describe_mesh, resolve_cluster
 from .nodes import NodeGraph, build_nodes

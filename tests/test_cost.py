@@ -76,8 +76,8 @@ PURE_CORE = (
     "graph", "opspace", "rules", "rules_contractions", "rules_indexing", "rules_loops", "nodes",
     "labels", "configs", "collectives", "reshard", "operand_layouts", "kernels", "cost", "tables",
     "blocks", "combine", "overlap",
-    "search", "kcut", "baselines", "evaluate", "buffers", "memory_estimate", "memory", "held",
-    "budget", "verify", "hlo_text", "hardware", "hardware.devices",
+    "search", "kcut", "baselines", "evaluate", "buffers", "buffer_reads", "memory_estimate",
+    "memory", "held", "budget", "verify", "hlo_text", "hardware", "hardware.devices",
     "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
     "hardware.speeds", "hardware.calibration",
 )  # fmt: skip
