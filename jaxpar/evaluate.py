@@ -265,6 +265,10 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     plain = _plan_cost(t_c, ratio, t_x, t_s, sent_bytes)
     plain = dataclasses.replace(plain, local_bytes=local_bytes)
     overlapped = _timeline(ctx, t_c, colls, own_of, riding, paths, gathered).makespan()
+    if any(pipelining(ctx)):  # never longer than the loops unpipelined (`_timeline`)
+        plain_ctx = dataclasses.replace(ctx, pipelined=frozenset(), memo=ctx.memo)
+        unpipelined = _timeline(plain_ctx, t_c, colls, own_of, riding, paths, set())
+        overlapped = min(overlapped, unpipelined.makespan())
     cost = dataclasses.replace(
         plain,
         combined_all_reduces=sum(
@@ -353,7 +357,10 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered) -> Timeline:
     gathered slices without waiting (they were gathered during the previous iteration), and
     the all-reduces of a node whose results are only stacked wait for nothing of the
     iteration (they are the previous iteration's): both still run on the communication stream,
-    and what reads the stacked results after the loop waits for them."""
+    and what reads the stacked results after the loop waits for them. Moving collectives
+    earlier can reorder the greedy list schedule for the worse (a list-scheduling anomaly,
+    which XLA's scheduler, free to keep the collectives where they were, does not suffer):
+    `evaluate` takes the shorter of the pipelined and the unpipelined schedules."""
     uses, nodes, regions = ctx.tables.uses, ctx.ng.nodes, ctx.ng.program.regions
     line = Timeline()
     order, into, deferred, srcs, producers = _stream_order(ctx)
