@@ -415,8 +415,9 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered) -> Timeline:
         for seconds in later:
             task = _behind(line, seconds, started[loop], [ready[v]], regions[loop].trips)
             _latest(line, late, v, task)
-        for u in into.get(v, ()):  # formatting and stacking results reduced a step behind
-            _latest(line, late, v, late.get(srcs[u]))
+        if late:  # formatting and stacking results reduced an iteration behind
+            for u in into.get(v, ()):
+                _latest(line, late, v, late.get(srcs[u]))
         pending = member_of.get(v, set()).union(*(waits.get(srcs[u], ()) for u in into.get(v, ())))
         pending = {g for g in pending if g in waiting}
         if pending:
