@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .graph import REGION_PRIMITIVES, Equation, Program
+from .graph import REGION_PRIMITIVES, SCAN_STACK, Equation, Program
 from .hardware.calibration import CONV, MATMUL
 from .nodes import Node, NodeGraph
 from .operand_layouts import copied_operands
@@ -56,6 +56,7 @@ PARTIAL_ACCESS = {
     "scatter_add": (0, 2, True),
     "scatter": (0, 2, True),
     "dynamic_update_slice": (0, 1, True),
+    SCAN_STACK: (0, 0, True),  # an iteration's slice of the stack (`_moves_data`)
 }
 # Reductions XLA's multi-output fusion runs as one kernel when they are siblings (`shared_reads`)
 REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "reduce_prod"))
@@ -335,7 +336,11 @@ def node_kernels(
     program = ng.program
     eqns = program.eqns
     siblings = shared_reads(program, rules)
-    live = [i for i, m in enumerate(node.members) if m.eqn >= 0 and _moves_data(eqns[m.eqn])]
+    live = [
+        i
+        for i, m in enumerate(node.members)
+        if m.eqn >= 0 and _moves_data(program, eqns[m.eqn], rules)
+    ]
     if not live:
         return ()
     groups = [live]
@@ -613,8 +618,19 @@ def _partial_access(
     return tuple((t, b, mp) for t, (b, mp) in bounded.items() if t not in whole)
 
 
-def _moves_data(eqn: Equation) -> bool:
-    return eqn.primitive not in REGION_PRIMITIVES
+def _moves_data(program: Program, eqn: Equation, rules: FusionRules) -> bool:
+    """Whether ``eqn`` is memory traffic: not a region equation (`graph.REGION_PRIMITIVES`: XLA
+    indexes a scan's stacks in place), except a stack of a contraction's result. A library call
+    writes its own buffer, and XLA copies it into the stack's slice with a dynamic-update-slice
+    kernel (reading and writing the slice: XLA:GPU's dynamic-slice fusion, which would let the
+    library call write the slice, is off by default; XLA:CPU copies the same way)."""
+    if eqn.primitive != SCAN_STACK:
+        return eqn.primitive not in REGION_PRIMITIVES
+    if eqn.inputs[0] is None:
+        return False
+    index = _index(program)
+    made = [index.producer.get(s) for s in _sources(program, eqn.inputs[0], False, rules)]
+    return any(e is not None and e.primitive in CONTRACTION_PRIMITIVES for e in made)
 
 
 def conv_taps_fraction(program: Program, eqn) -> float:
