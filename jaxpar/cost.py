@@ -26,11 +26,11 @@ from .kernels import (
     ACCELERATOR_FUSION,
     MEASURED_PRIMITIVES,
     FusionRules,
-    conv_taps_fraction,
     node_kernels,
 )  # fmt: skip
 from .nodes import Node, NodeGraph
 from .rules import DimMap
+from .rules_contractions import conv_taps_fraction
 
 OBJECTIVES = ("time", "comm", "overlap")  # Eq. 1 s, SoyBean bytes, two-stream step s
 

@@ -13,8 +13,6 @@ import dataclasses
 import weakref
 from collections.abc import Sequence
 
-import numpy as np
-
 from .graph import REGION_PRIMITIVES, SCAN_STACK, Equation, Program
 from .hardware.calibration import CONV, MATMUL
 from .nodes import Node, NodeGraph
@@ -631,33 +629,3 @@ def _moves_data(program: Program, eqn: Equation, rules: FusionRules) -> bool:
     index = _index(program)
     made = [index.producer.get(s) for s in _sources(program, eqn.inputs[0], False, rules)]
     return any(e is not None and e.primitive in CONTRACTION_PRIMITIVES for e in made)
-
-
-def conv_taps_fraction(program: Program, eqn) -> float:
-    """The share of a convolution's window taps that land on input elements (1 for any other
-    equation): Π over spatial dims of valid taps / (output size · kernel size).
-
-    `rules` counts 2 · output elements · input features · kernel taps FLOPs; taps on padding
-    or, for the input gradient of a strided convolution (lhs dilation), on the holes between
-    input elements multiply zeros that neither XLA's cost analysis nor cuDNN's kernels count.
-    """
-    if eqn.primitive != "conv_general_dilated":
-        return 1.0
-    p = eqn.params
-    dn = p["dimension_numbers"]
-    lhs = program.tensors[eqn.inputs[0]].shape
-    rhs = program.tensors[eqn.inputs[1]].shape
-    out = program.tensors[eqn.outputs[0]].shape
-    nsp = len(out) - 2
-    fraction = 1.0
-    for i in range(nsp):
-        n_in, k, n_out = lhs[dn.lhs_spec[2 + i]], rhs[dn.rhs_spec[2 + i]], out[dn.out_spec[2 + i]]
-        stride = p["window_strides"][i]
-        lo = p["padding"][i][0]
-        dl = (p["lhs_dilation"] or (1,) * nsp)[i]
-        dr = (p["rhs_dilation"] or (1,) * nsp)[i]
-        last = (n_in - 1) * dl  # the last input element in dilated coordinates
-        pos = np.arange(n_out)[:, None] * stride + np.arange(k)[None, :] * dr - lo
-        valid = (pos >= 0) & (pos <= last) & (pos % dl == 0)
-        fraction *= float(valid.mean()) if valid.size else 1.0
-    return fraction

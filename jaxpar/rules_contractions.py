@@ -1,13 +1,16 @@
 """Rules for contractions: ``dot_general``, ``ragged_dot_general`` (grouped matmuls) and
 ``conv_general_dilated``. Operands' dims are matched to iteration dims, some contracted: a
 split contracted dim leaves partial sums (AccPar's Type-II). See `opspace` for what a rule
-describes. Pure.
+describes. Also `conv_taps_fraction`: the share of a convolution's FLOPs that land on data.
+Pure (numpy only).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+
+import numpy as np
 
 from .graph import Equation, Program
 from .opspace import DimMap, OpSpace, out_shape, register_rule, replicated_space, shape_of
@@ -158,3 +161,33 @@ def conv_rule(eqn: Equation, program: Program) -> OpSpace:
         flops,
         halo=tuple(halo),
     )
+
+
+def conv_taps_fraction(program: Program, eqn) -> float:
+    """The share of a convolution's window taps that land on input elements (1 for any other
+    equation): Π over spatial dims of valid taps / (output size · kernel size).
+
+    `conv_rule` counts 2 · output elements · input features · kernel taps FLOPs; taps on padding
+    or, for the input gradient of a strided convolution (lhs dilation), on the holes between
+    input elements multiply zeros that neither XLA's cost analysis nor cuDNN's kernels count.
+    """
+    if eqn.primitive != "conv_general_dilated":
+        return 1.0
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    lhs = program.tensors[eqn.inputs[0]].shape
+    rhs = program.tensors[eqn.inputs[1]].shape
+    out = program.tensors[eqn.outputs[0]].shape
+    nsp = len(out) - 2
+    fraction = 1.0
+    for i in range(nsp):
+        n_in, k, n_out = lhs[dn.lhs_spec[2 + i]], rhs[dn.rhs_spec[2 + i]], out[dn.out_spec[2 + i]]
+        stride = p["window_strides"][i]
+        lo = p["padding"][i][0]
+        dl = (p["lhs_dilation"] or (1,) * nsp)[i]
+        dr = (p["rhs_dilation"] or (1,) * nsp)[i]
+        last = (n_in - 1) * dl  # the last input element in dilated coordinates
+        pos = np.arange(n_out)[:, None] * stride + np.arange(k)[None, :] * dr - lo
+        valid = (pos >= 0) & (pos <= last) & (pos % dl == 0)
+        fraction *= float(valid.mean()) if valid.size else 1.0
+    return fraction

@@ -617,7 +617,7 @@ def test_conv_taps_fraction():
     input gradient of a stride-2 convolution (lhs dilation 2) skips the holes."""
     import jax
 
-    from jaxpar.kernels import conv_taps_fraction
+    from jaxpar.rules_contractions import conv_taps_fraction
     from jaxpar.trace import trace
 
     def conv(x, w, stride=(1, 1), dilation=(1, 1)):
