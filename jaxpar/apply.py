@@ -315,7 +315,7 @@ class AutoSharded:
 def warn_unpipelined(plan: Plan) -> None:
     """Warn when a GPU plan assumes XLA's collective pipeliner (``pipelined_loops``) that this
     process's ``XLA_FLAGS`` does not turn on: the compiled loops will not pipeline."""
-    if not (plan.options.pipelined_loops and plan.platform == "gpu" and plan.program.scan_loops()):
+    if plan.platform != "gpu" or not plan.options.pipelined_regions(plan.program):
         return
     given = os.environ.get("XLA_FLAGS", "").split()
     missing = [f for f in PIPELINER_FLAGS if f not in given]

@@ -480,16 +480,8 @@ def pipelining(ctx: EvalContext) -> tuple[frozenset[int], frozenset[int]]:
     if not ctx.pipelined:
         return frozenset(), frozenset()
     if "pipelining" not in ctx.memo:
-        ng = ctx.ng
-        eqns = ng.program.eqns
-
-        def primitive(v: int) -> str:
-            return eqns[nodes[v].anchor].primitive if nodes[v].anchor >= 0 else ""
-
-        def anchored(v: int, name: str) -> bool:
-            return primitive(v) == name
-
-        nodes = ng.nodes
+        nodes, eqns = ctx.ng.nodes, ctx.ng.program.eqns
+        primitive = [eqns[n.anchor].primitive if n.anchor >= 0 else "" for n in nodes]
         readers: dict[int, set[int]] = {}
         ahead = set()
         for u, use in enumerate(ctx.tables.uses):
@@ -500,7 +492,7 @@ def pipelining(ctx: EvalContext) -> tuple[frozenset[int], frozenset[int]]:
             if (
                 loop in ctx.pipelined
                 and nodes[use.dst].region == loop
-                and anchored(use.src, SCAN_SLICE)
+                and primitive[use.src] == SCAN_SLICE
             ):
                 ahead.add(u)
         behind: set[int] = set()
@@ -508,7 +500,7 @@ def pipelining(ctx: EvalContext) -> tuple[frozenset[int], frozenset[int]]:
             loop = nodes[v].region  # readers first: in reverse program order
             if loop in ctx.pipelined and all(
                 nodes[d].region == loop
-                and (anchored(d, SCAN_STACK) or (d in behind and primitive(d) in FORMATTING))
+                and (primitive[d] == SCAN_STACK or (d in behind and primitive[d] in FORMATTING))
                 for d in readers[v]
             ):
                 behind.add(v)

@@ -6,6 +6,7 @@ import dataclasses
 
 from .baselines import STRATEGIES
 from .cost import OBJECTIVES
+from .graph import Program
 from .memory_estimate import parse_bytes
 from .search import SearchBudget
 
@@ -92,6 +93,11 @@ class PlannerOptions:
         if self.compare_searches:
             names += [s for s in SEARCHES if s != self.search]
         return tuple(sorted(names, key=lambda n: n != "kcut"))
+
+    def pipelined_regions(self, program: Program) -> frozenset[int]:
+        """The loops of ``program`` whose collectives XLA's collective pipeliner moves across
+        iterations: every iterating scan when ``pipelined_loops``, else none."""
+        return program.scan_loops() if self.pipelined_loops else frozenset()
 
     def donated_args(self, num_args: int) -> tuple[int, ...]:
         """`donate_argnums`, defaulted: the arguments that are not batch arguments."""

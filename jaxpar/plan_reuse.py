@@ -35,7 +35,6 @@ from .planner import (
     assemble,
     memory_budget,
     memory_model,
-    pipelined_loops,
     target_for,
     trace_step,
 )
@@ -112,7 +111,7 @@ def rebuild(pf: PlanFile, traced: Any, target: Any, analysis: Any, clock: StageC
     ctx = EvalContext(
         ng, tables, params, analysis.batch, analysis.labels,
         frozenset(t for t, _ in analysis.feedback), target.speeds, target.combiner,
-        pipelined_loops(traced.program, pf.options),
+        pf.options.pipelined_regions(traced.program),
     )  # fmt: skip
     zeros = (0,) * len(ng.nodes)
     evaluation = evaluate(ctx, zeros)

@@ -139,12 +139,6 @@ def memory_budget(requested: float | str | None, target: Target) -> float | None
     return float(requested)
 
 
-def pipelined_loops(program: Program, options: PlannerOptions) -> frozenset[int]:
-    """The loops whose collectives XLA's collective pipeliner moves across iterations: every
-    iterating scan when ``options.pipelined_loops``, else none."""
-    return program.scan_loops() if options.pipelined_loops else frozenset()
-
-
 def memory_model(
     traced: Traced, target: Target, analysis: Analysis, tables: CostTables,
     options: PlannerOptions,
@@ -157,7 +151,7 @@ def memory_model(
             feedback=dict(analysis.feedback), arg_kinds=traced.arg_kinds, donated=traced.donated,
             grad_sync=lambda v, cfg: is_grad_sync(ng.nodes[v], cfg, batch[v]),
             combine_syncs=target.mesh.platform == "cpu",
-            pipelined=pipelined_loops(traced.program, options),
+            pipelined=options.pipelined_regions(traced.program),
         )
     )  # fmt: skip
 
@@ -227,7 +221,7 @@ def _make_plan(fn, args, mesh, cluster, options, in_specs, progress) -> Plan:
     ctx = EvalContext(
         analysis.ng, tables, target.params, analysis.batch, analysis.labels,
         frozenset(t for t, _ in analysis.feedback), target.speeds, target.combiner,
-        pipelined_loops(traced.program, options),
+        options.pipelined_regions(traced.program),
     )  # fmt: skip
     sizes = target.params.mesh.sizes
     budget = memory_budget(options.memory_budget, target)

@@ -249,7 +249,7 @@ def plan_report(plan: Plan) -> str:
             f"overlapped: step {c.overlapped_step_s * 1e3:.4f} ms with communication on its own "
             f"stream beside compute ({why})"
         )
-    if plan.options.pipelined_loops and plan.program.scan_loops():
+    if plan.options.pipelined_regions(plan.program):
         lines.append(
             "pipelined loops: each scan's weight gathers run an iteration ahead and its "
             "stacked gradients' all-reduces an iteration behind (XLA:GPU's collective "

@@ -120,7 +120,7 @@ class Plan:
         return EvalContext(
             self.ng, self.tables, self.params, self.batch, self.labels,
             frozenset(self.feedback), self.speeds, combiner,
-            self.program.scan_loops() if self.options.pipelined_loops else frozenset(),
+            self.options.pipelined_regions(self.program),
         )  # fmt: skip
 
     # ---- shardings -------------------------------------------------------------------------
