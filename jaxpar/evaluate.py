@@ -264,11 +264,14 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     saved = sum(riding.values())
     plain = _plan_cost(t_c, ratio, t_x, t_s, sent_bytes)
     plain = dataclasses.replace(plain, local_bytes=local_bytes)
-    overlapped = _timeline(ctx, t_c, colls, own_of, riding, paths, gathered).makespan()
-    if any(pipelining(ctx)):  # never longer than the loops unpipelined (`_timeline`)
+    schedules = [(ctx, gathered, False)]
+    if any(pipelining(ctx)):  # the shortest placement, never longer unpipelined (`_timeline`)
         plain_ctx = dataclasses.replace(ctx, pipelined=frozenset(), memo=ctx.memo)
-        unpipelined = _timeline(plain_ctx, t_c, colls, own_of, riding, paths, set())
-        overlapped = min(overlapped, unpipelined.makespan())
+        schedules += [(ctx, gathered, True), (plain_ctx, set(), False)]
+    overlapped = min(
+        _timeline(c, t_c, colls, own_of, riding, paths, g, top).makespan()
+        for c, g, top in schedules
+    )
     cost = dataclasses.replace(
         plain,
         combined_all_reduces=sum(
@@ -348,25 +351,30 @@ def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, floa
     return riding
 
 
-def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered) -> Timeline:
+def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Timeline:
     """The step on a compute and a communication stream (`overlap`): nodes list-scheduled in
     program order (`overlap.list_schedule`), each after the reshards it reads through; deferred
     reads (the state into the next step's layout, a scan's carry) at the end.
 
     In a pipelined loop (``ctx.pipelined``, `pipelining`) a loop body's node reads its
     gathered slices without waiting (they were gathered during the previous iteration), and
-    the all-reduces of a node whose results are only stacked wait for nothing of the
-    iteration (they are the previous iteration's): both still run on the communication stream,
-    and what reads the stacked results after the loop waits for them. Moving collectives
-    earlier can reorder the greedy list schedule for the worse (a list-scheduling anomaly,
-    which XLA's scheduler, free to keep the collectives where they were, does not suffer):
-    `evaluate` takes the shorter of the pipelined and the unpipelined schedules."""
+    the all-reduces of a node whose results are only stacked are the previous iteration's:
+    all iterations' but the last run during the loop, the last after the loop's last run of
+    their producer, and what reads the stacked results after the loop waits for both. The
+    pipeliner puts them at the top of the next iteration's body, and XLA's scheduler may move
+    them down it: ``top`` issues them on the communication stream where the loop starts, ahead
+    of the iteration's own collectives (`_behind_seconds`), else after those, where their
+    producer has run. `evaluate` takes the shorter schedule, and the unpipelined one if that
+    is shorter still: moving collectives earlier can reorder the greedy list schedule for the
+    worse (a list-scheduling anomaly, which XLA's scheduler, free to keep the collectives where
+    they were, does not suffer)."""
     uses, nodes, regions = ctx.tables.uses, ctx.ng.nodes, ctx.ng.program.regions
     line = Timeline()
     order, into, deferred, srcs, producers = _stream_order(ctx)
     behind, ahead = pipelining(ctx)
     late: dict[int, int] = {}  # node -> its all-reduce run an iteration behind (its last)
     started: dict[int, int] = {}  # pipelined loop -> a marker task where its compute starts
+    early: dict[int, int] = {}  # ``top``: loop -> its all-reduces run behind, but the last
 
     def read(u: int) -> int | None:
         last = None
@@ -384,6 +392,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered) -> Timeline:
 
     ready = line.ready
     groups, member_of = _combined_groups(order, colls, own_of)
+    moved = _behind_seconds(ctx, colls, own_of, riding, groups, behind) if top else {}
     left = {g: len(members) for g, (members, _) in groups.items()}  # members not yet run
     # nodes run before a group's collective that read its members' results, directly or not
     # (a weight gradient's transpose): their results are ready only once it has finished
@@ -397,10 +406,24 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered) -> Timeline:
             tasks += [late.get(srcs[u]) for u in into.get(v, ()) if nodes[srcs[u]].region != loop]
         return tasks
 
+    def behind_task(loop: int, seconds: float, deps: list) -> int:
+        """An all-reduce run an iteration behind: all iterations' but the last (at the top,
+        or here where its producer has run), the last after ``deps``; the later of the two."""
+        trips = regions[loop].trips
+        if top:
+            rest = early[loop]
+        else:
+            rest = line.add(COMM, seconds * (trips - 1) / trips, [started[loop]])
+        last = line.add(COMM, seconds / trips, deps)
+        return last if line.finish[last] >= line.finish[rest] else rest
+
     def run(v: int, reads: list[int | None]) -> None:
         loop = nodes[v].region
         if loop in ctx.pipelined and loop not in started:
             started[loop] = line.add(COMPUTE, 0.0)
+            if loop in moved:
+                rest = moved[loop] * (1 - 1 / regions[loop].trips)
+                early[loop] = line.add(COMM, rest, [started[loop]])
         before, after, later = [], [], []
         for k in own_of[v]:
             c = colls[k]
@@ -413,8 +436,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered) -> Timeline:
                 (later if v in behind else after).append(seconds)
         line.node(v, t_c[v], reads, before, after)
         for seconds in later:
-            task = _behind(line, seconds, started[loop], [ready[v]], regions[loop].trips)
-            _latest(line, late, v, task)
+            _latest(line, late, v, behind_task(loop, seconds, [ready[v]]))
         if late:  # formatting and stacking results reduced an iteration behind
             for u in into.get(v, ()):
                 _latest(line, late, v, late.get(srcs[u]))
@@ -435,7 +457,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered) -> Timeline:
             deps = [ready[m] for m in members]
             if all(m in behind for m in members):
                 loop = nodes[members[0]].region
-                task = _behind(line, seconds, started[loop], deps, regions[loop].trips)
+                task = behind_task(loop, seconds, deps)
                 for t in waiting.pop(g):
                     _latest(line, late, t, task)
                 continue
@@ -451,13 +473,23 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered) -> Timeline:
     return line
 
 
-def _behind(line: Timeline, seconds: float, start: int, deps: list, trips: int) -> int:
-    """An all-reduce a pipelined loop runs an iteration behind: every iteration's but the
-    last beside the next iteration (from the loop's ``start``), the last after its producer
-    (``deps``: the loop's epilogue). Returns the task that finishes later."""
-    rest = line.add(COMM, seconds * (trips - 1) / trips, [start])
-    last = line.add(COMM, seconds / trips, deps)
-    return last if line.finish[last] >= line.finish[rest] else rest
+def _behind_seconds(ctx, colls, own_of, riding, groups, behind) -> dict[int, float]:
+    """Per pipelined loop, the seconds of the all-reduces it runs an iteration behind (all
+    iterations'): the behind nodes' own all-reduces and the combined groups of only behind
+    members (`pipelining`)."""
+    nodes = ctx.ng.nodes
+    out: dict[int, float] = {}
+    for v in behind:
+        for k in own_of[v]:
+            c = colls[k]
+            if c.kind == ALL_REDUCE and c.group not in groups:
+                loop = nodes[v].region
+                out[loop] = out.get(loop, 0.0) + c.time_s - riding.get(k, 0.0)
+    for members, ks in groups.values():
+        if all(m in behind for m in members):
+            loop = nodes[members[0]].region
+            out[loop] = out.get(loop, 0.0) + sum(colls[k].time_s - riding.get(k, 0.0) for k in ks)
+    return out
 
 
 def _latest(line: Timeline, tasks: dict[int, int], v: int, task: int | None) -> None:

@@ -17,6 +17,7 @@ from jaxpar.evaluate import pipelining
 from jaxpar.graph import SCAN_SLICE
 from jaxpar.kernels import node_kernels
 from jaxpar.options import PIPELINER_FLAGS
+from models.scanned import scanned_config, scanned_example
 
 LAYERS, WIDTH, BATCH = 4, 512, 64
 MESH = {"data": 8}
@@ -184,6 +185,30 @@ def test_a_pipelined_loop_hides_what_its_own_iteration_cannot():
             assert on.cost.overlapped_step_s == pytest.approx(on.cost.compute_s, rel=1e-9)
         else:
             assert on.cost.overlapped_step_s < 0.8 * off.cost.overlapped_step_s
+
+
+@pytest.mark.closed_form
+def test_stacked_gradient_reductions_run_beside_the_next_iteration():
+    """A scanned GPT-2-wide decoder (4 layers, Megatron within a node, data parallel across
+    nodes): each iteration's own tensor-parallel all-reduces share the communication stream
+    with the weight gradients' all-reduces the pipeliner moves to the next iteration. Issued
+    at the top of that iteration they run beside its compute, so the pipelined scanned step
+    is the unrolled twin's within 1 % (the issue's criterion, met here at 4 layers:
+    bench/results/scanned_pipelined.md). Appending them after the loop's own collectives
+    instead left the step within 0.5 % of the unpipelined one, 11 % over the unrolled."""
+    steps = {}
+    for name in ("gpt_scan_linen", "gpt_unrolled_linen"):
+        ex = scanned_example(name, scanned_config(name, layers=4))
+        for pipelined in (False, True):
+            plan = jaxpar.plan(
+                ex.step, *ex.args, mesh={"node": 8, "gpu": 8}, cluster="dgx-h100",
+                options=jaxpar.PlannerOptions(pipelined_loops=pipelined),
+            )  # fmt: skip
+            steps[name, pipelined] = plan.cost.overlapped_step_s
+    unrolled = steps["gpt_unrolled_linen", False]
+    assert steps["gpt_unrolled_linen", True] == unrolled  # no loop to pipeline
+    assert steps["gpt_scan_linen", False] > 1.1 * unrolled
+    assert steps["gpt_scan_linen", True] == pytest.approx(unrolled, rel=0.01)
 
 
 @pytest.mark.closed_form
