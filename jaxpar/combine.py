@@ -7,7 +7,10 @@ a group; later ones of its key join until one depends on a member (a data path f
 group's bytes would pass the threshold, or it holds the maximum count; then the group is
 combined (its members now depend on what any member depended on) and the walk starts over. Bytes
 are unchanged; latency is paid once per group. `group_all_reduces` replays that on the planned
-program (`docs/design.md`, "Combined collectives").
+program (`docs/design.md`, "Combined collectives"). A scan unrolled by k (``lax.scan(...,
+unroll=k)``) runs k copies of its body per loop iteration, in one computation: the copies of a
+group combine too unless one copy's all-reduce feeds the next copy's through the carry
+(`combined_runs`).
 
 Pure: no jax import.
 """
@@ -132,3 +135,55 @@ def group_all_reduces(
             if deps[j] & mask:  # items left are asked again)
                 deps[j] |= merged
     return group
+
+
+def carried(program: Program, region: int) -> tuple[frozenset[int], frozenset[int]]:
+    """Of a scan body's equations: those that read the iteration's carry, directly or not, and
+    those whose results the next iteration's carry holds, directly or not (kept in
+    ``program.memo``). An all-reduce of the second kind feeds every one of the first kind in the
+    next copy of an unrolled body."""
+    key = ("carried", region)
+    if key not in program.memo:
+        r = program.regions[region]
+        lo, hi = r.bodies[0]
+        tainted = {t for e in r.carry_eqns for t in program.eqns[e].outputs}
+        reads = set()
+        for e in program.eqns[lo:hi]:
+            if any(t in tainted for t in e.inputs if t is not None):
+                reads.add(e.index)
+                tainted.update(e.outputs)
+        needed = set(r.carry_out)
+        feeds = set()
+        for e in reversed(program.eqns[lo:hi]):
+            if any(t in needed for t in e.outputs):
+                feeds.add(e.index)
+                needed.update(t for t in e.inputs if t is not None)
+        program.memo[key] = (frozenset(reads), frozenset(feeds))
+    return program.memo[key]
+
+
+def combined_runs(
+    program: Program, members: Sequence[AllReduceItem], runs: int, combiner: Combiner
+) -> int:
+    """Runs per step of one combined all-reduce whose ``members`` each run ``runs`` times.
+
+    In a scan unrolled by k (`graph.Region.copies`), with I loop iterations and r copies in
+    line (`graph.Region.iterations`), the k copies of the group in one iteration combine, and
+    so do the r, at most b = min(max_bytes // group bytes, max_count // members) together:
+    runs = outer · (I · ⌈k / b⌉ + ⌈r / b⌉), outer being the runs of the enclosing regions. b = 1
+    (nothing gained) when a member's result reaches the carry and a member reads it
+    (`carried`: a forward partial sum on the residual stream). Elsewhere ``runs``."""
+    region = members[0].key[-2]
+    if region < 0 or program.regions[region].copies == 1:
+        return runs
+    r = program.regions[region]
+    reads, feeds = carried(program, region)
+    per_run = 1
+    if not (any(m.eqn in feeds for m in members) and any(m.eqn in reads for m in members)):
+        size = sum(m.buffer_bytes for m in members)
+        by_count = combiner.max_count // len(members)
+        by_bytes = by_count if size <= 0 or math.isinf(combiner.max_bytes) else 0
+        per_run = int(max(1, min(by_bytes or combiner.max_bytes // size, by_count)))
+    rest = r.trips - r.iterations * r.copies
+    outer = program.trips(region) // r.trips
+    return outer * (r.iterations * -(-r.copies // per_run) + -(-rest // per_run))

@@ -20,7 +20,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from .collectives import ALL_GATHER, ALL_REDUCE, all_reduce_buffer, ring_steps
-from .combine import COMBINERS, AllReduceItem, Combiner, group_all_reduces, item_dependencies
+from .combine import (
+    COMBINERS,
+    AllReduceItem,
+    Combiner,
+    combined_runs,
+    group_all_reduces,
+    item_dependencies,
+)
 from .configs import spec_of, split_axes
 from .cost import CostParams, is_grad_sync, node_collectives, node_dtype, node_price
 from .graph import SCAN_SLICE, SCAN_STACK, shape_str
@@ -46,6 +53,9 @@ class Collective:
     layer: str
     count: int = 1  # runs per step: the trip counts of the loops it runs in
     group: int = -1  # all-reduces: its combined all-reduce (`combine`); -1 for other kinds
+    # all-reduces: runs per step of its combined all-reduce (below ``count`` where the copies
+    # of an unrolled scan's body combine: `combine.combined_runs`)
+    group_runs: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,9 +284,7 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     )
     cost = dataclasses.replace(
         plain,
-        combined_all_reduces=sum(
-            c.count for k, c in enumerate(colls) if c.group >= 0 and k not in riding
-        ),
+        combined_all_reduces=sum({c.group: c.group_runs for c in colls if c.group >= 0}.values()),
         combined_step_s=plain.step_s - saved, overlapped_step_s=overlapped,
     )  # fmt: skip
     if ctx.params.objective == "overlap":  # the searches priced Eq. 1, its upper bound
@@ -342,12 +350,19 @@ def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, floa
     program = ctx.ng.program
     just = [it for _, it, _ in items]
     groups = group_all_reduces(just, item_dependencies(program, just), ctx.combiner)
-    riding, seen = {}, set()
+    members: dict[int, list[AllReduceItem]] = {}
+    for it, g in zip(just, groups, strict=True):
+        members.setdefault(g, []).append(it)
+    riding, runs = {}, {}
     for (k, _, latency), g in zip(items, groups, strict=True):
-        if g in seen:
-            riding[k] = latency * colls[k].count
-        seen.add(g)
-        colls[k] = dataclasses.replace(colls[k], group=g)
+        count = colls[k].count
+        if g in runs:
+            riding[k] = latency * count
+        else:  # the first member pays the latency, once per run of the combined all-reduce
+            runs[g] = combined_runs(program, members[g], count, ctx.combiner)
+            if runs[g] < count:
+                riding[k] = latency * (count - runs[g])
+        colls[k] = dataclasses.replace(colls[k], group=g, group_runs=runs[g])
     return riding
 
 
@@ -381,7 +396,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
         steps = paths.get(u, ())
         share = 1.0
         if u in ahead and u in gathered:  # the first iteration's gathers, waited on
-            share = 1.0 / regions[nodes[uses[u].dst].region].trips
+            share = 1.0 / regions[nodes[uses[u].dst].region].iterations
         for key, seconds in steps:
             last = line.reshard(key, uses[u].src, last, seconds * share)
         if share < 1.0:  # the rest, each during the iteration before its own
@@ -409,7 +424,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
     def behind_task(loop: int, seconds: float, deps: list) -> int:
         """An all-reduce run an iteration behind: all iterations' but the last (at the top,
         or here where its producer has run), the last after ``deps``; the later of the two."""
-        trips = regions[loop].trips
+        trips = regions[loop].iterations  # the last iteration's run after the loop
         if top:
             rest = early[loop]
         else:
@@ -422,7 +437,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
         if loop in ctx.pipelined and loop not in started:
             started[loop] = line.add(COMPUTE, 0.0)
             if loop in moved:
-                rest = moved[loop] * (1 - 1 / regions[loop].trips)
+                rest = moved[loop] * (1 - 1 / regions[loop].iterations)
                 early[loop] = line.add(COMM, rest, [started[loop]])
         before, after, later = [], [], []
         for k in own_of[v]:

@@ -99,6 +99,25 @@ class Region:
     branch_literal: Any = None  # cond: the literal index when ``branch_index`` is None
 
     @property
+    def copies(self) -> int:
+        """Body copies per iteration of the while loop XLA runs (a scan's ``unroll``: JAX's
+        `_scan_impl` runs ``trips // unroll`` iterations of ``unroll`` copies and the remainder
+        after the loop)."""
+        if self.kind != SCAN or self.unroll is True:
+            return 1 if self.kind != SCAN else max(1, self.trips)
+        return max(1, min(int(self.unroll), self.trips)) if int(self.unroll) > 0 else self.trips
+
+    @property
+    def iterations(self) -> int:
+        """Iterations of the while loop XLA runs per run of the region; 0 when there is no
+        loop: every copy of the body in line, as JAX emits a scan unrolled whole and XLA's
+        while-loop simplifier inlines a loop of one iteration (a cond: 1)."""
+        if self.kind != SCAN:
+            return 1
+        loops = self.trips // self.copies
+        return 0 if loops == 1 else loops
+
+    @property
     def carry_eqns(self) -> range:
         return range(self.first, self.first + len(self.carry_out))
 
@@ -146,9 +165,9 @@ class Program:
         return math.prod(self.regions[i].trips for i in self.region_chain(region))
 
     def scan_loops(self) -> frozenset[int]:
-        """The scans that iterate (trip count above 1): the loops XLA's collective pipeliner
-        works on."""
-        return frozenset(r.index for r in self.regions if r.kind == SCAN and r.trips > 1)
+        """The scans that XLA runs as loops of more than one iteration: the loops its collective
+        pipeliner works on."""
+        return frozenset(r.index for r in self.regions if r.kind == SCAN and r.iterations > 1)
 
     def body_of(self, region: int, eqn: int) -> int:
         """Which body of ``region`` holds equation ``eqn``: a cond's branch (each its own

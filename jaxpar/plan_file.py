@@ -452,7 +452,9 @@ def _parse_predicted(v: Any, names: tuple[str, ...]) -> None:
     _str(p["cluster"], "predicted.cluster")
     for i, c in enumerate(_list(p["collectives"], "predicted.collectives")):
         where = f"predicted.collectives[{i}]"
-        c = _obj(c, where, tuple(_COLLECTIVE_FIELDS))
+        c = _obj(c, where, tuple(_COLLECTIVE_FIELDS), optional=("group_runs",))
+        if "group_runs" in c:  # written since the eighteenth session
+            _int(c["group_runs"], f"{where}.group_runs")
         for k, kind in _COLLECTIVE_FIELDS.items():
             if k == "group":  # -1: not an all-reduce
                 _int(c[k], f"{where}.{k}", -1)

@@ -348,7 +348,7 @@ def predicted_counts(predicted: list) -> dict[str, int]:
         if c.group_size <= 1:
             continue  # a group of one device: no collective
         if c.group >= 0:
-            groups[c.group] = c.count
+            groups[c.group] = c.group_runs or c.count
         else:
             counts[c.kind] = counts.get(c.kind, 0) + c.count
     if groups:

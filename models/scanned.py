@@ -63,8 +63,9 @@ from models.nnx_models import lm_loss, nnx_example
 # --------------------------------------------------------------------------------------------
 
 
-def scan_blocks(block: nn.Module, x: jax.Array, num_layers: int) -> jax.Array:
-    """``num_layers`` applications of the unbound linen ``block`` to ``x`` in one ``nn.scan``.
+def scan_blocks(block: nn.Module, x: jax.Array, num_layers: int, unroll: int = 1) -> jax.Array:
+    """``num_layers`` applications of the unbound linen ``block`` to ``x`` in one ``nn.scan``
+    (``unroll`` copies of the block per loop iteration).
 
     Every parameter of ``block`` gets a leading layer axis (``variable_axes={"params": 0}``,
     each layer initialized from its own RNG); ``block`` may be an ``nn.remat`` module.
@@ -74,6 +75,7 @@ def scan_blocks(block: nn.Module, x: jax.Array, num_layers: int) -> jax.Array:
         variable_axes={"params": 0},
         split_rngs={"params": True},
         length=num_layers,
+        unroll=unroll,
     )
     x, _ = scan(block, x, None)
     return x
@@ -139,7 +141,8 @@ class GPTDecoder(nn.Module):
     """Token + learned position embeddings, ``num_layers`` blocks, final LN, tied LM head.
 
     ``scan_layers=True`` stacks the blocks with ``nn.scan`` (``params["blocks"]``, leading layer
-    axis); ``False`` unrolls them (``params["block0"]`` ...).
+    axis; ``scan_unroll`` copies per loop iteration); ``False`` unrolls them (``params["block0"]``
+    ...).
     """
 
     vocab_size: int
@@ -149,6 +152,7 @@ class GPTDecoder(nn.Module):
     num_heads: int
     scan_layers: bool = True
     dtype: Any = jnp.float32
+    scan_unroll: int = 1
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -159,7 +163,8 @@ class GPTDecoder(nn.Module):
         )
         x = embed(tokens) + pos[None, : tokens.shape[1]]
         if self.scan_layers:
-            x = scan_blocks(GPTBlock(self.num_heads, self.dtype, name="blocks"), x, self.num_layers)
+            block = GPTBlock(self.num_heads, self.dtype, name="blocks")
+            x = scan_blocks(block, x, self.num_layers, self.scan_unroll)
         else:
             for i in range(self.num_layers):
                 x = GPTBlock(self.num_heads, self.dtype, name=f"block{i}")(x)
@@ -234,6 +239,7 @@ def _gpt_linen_example(name: str, cfg: dict[str, Any], dtype: Any, scan_layers: 
         num_heads=cfg["num_heads"],
         scan_layers=scan_layers,
         dtype=dtype,
+        scan_unroll=cfg["unroll"],
     )
     spec = token_batch_spec(cfg["batch"], cfg["seq_len"])
     init = linen_init_state(model, _adamw(cfg), spec["tokens"])
@@ -381,6 +387,7 @@ _GPT_SMALL = {
     "num_heads": 4,
     "lr": 1e-3,
     "weight_decay": 0.1,
+    "unroll": 1,  # gpt_scan_linen: body copies per loop iteration (nn.scan's unroll)
 }
 # GPT-2 124M shapes (vocabulary padded to a multiple of 64, as in models/transformer.py).
 _GPT_FULL = {
@@ -393,6 +400,7 @@ _GPT_FULL = {
     "num_heads": 12,
     "lr": 6e-4,
     "weight_decay": 0.1,
+    "unroll": 1,
 }
 _MLP_SCAN_SMALL = {
     "batch": 16,
