@@ -132,8 +132,9 @@ class EvalContext:
     feedback: frozenset[int]  # state results that become the next step's arguments
     speeds: MeshSpeeds | None = None
     combiner: Combiner = COMBINERS["gpu"]  # the target backend's all-reduce combiner
-    # the loops whose collectives XLA's collective pipeliner moves across iterations
-    # (`PlannerOptions.pipelined_loops`: `pipelined_loops`)
+    # the scans whose steps overlap one another's collectives: the loops XLA's collective
+    # pipeliner moves them across (`PlannerOptions.pipelined_loops`) and the scans it runs in
+    # line (`PlannerOptions.overlapped_regions`)
     pipelined: frozenset[int] = frozenset()
     # what every evaluation of these tables shares (`_priced_reads`), built on first use
     memo: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -396,7 +397,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
         steps = paths.get(u, ())
         share = 1.0
         if u in ahead and u in gathered:  # the first iteration's gathers, waited on
-            share = 1.0 / regions[nodes[uses[u].dst].region].iterations
+            share = 1.0 / _rounds(regions[nodes[uses[u].dst].region])
         for key, seconds in steps:
             last = line.reshard(key, uses[u].src, last, seconds * share)
         if share < 1.0:  # the rest, each during the iteration before its own
@@ -424,7 +425,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
     def behind_task(loop: int, seconds: float, deps: list) -> int:
         """An all-reduce run an iteration behind: all iterations' but the last (at the top,
         or here where its producer has run), the last after ``deps``; the later of the two."""
-        trips = regions[loop].iterations  # the last iteration's run after the loop
+        trips = _rounds(regions[loop])  # the last round's run after the loop
         if top:
             rest = early[loop]
         else:
@@ -437,7 +438,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
         if loop in ctx.pipelined and loop not in started:
             started[loop] = line.add(COMPUTE, 0.0)
             if loop in moved:
-                rest = moved[loop] * (1 - 1 / regions[loop].iterations)
+                rest = moved[loop] * (1 - 1 / _rounds(regions[loop]))
                 early[loop] = line.add(COMM, rest, [started[loop]])
         before, after, later = [], [], []
         for k in own_of[v]:
@@ -486,6 +487,12 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
     for u in deferred:
         read(u)
     return line
+
+
+def _rounds(region) -> int:
+    """The rounds a pipelined region's moved collectives spread over: its loop's iterations,
+    or its steps where XLA runs them in line (`graph.Program.inline_scans`)."""
+    return region.iterations or region.trips
 
 
 def _behind_seconds(ctx, colls, own_of, riding, groups, behind) -> dict[int, float]:

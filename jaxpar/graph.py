@@ -169,6 +169,13 @@ class Program:
         pipeliner works on."""
         return frozenset(r.index for r in self.regions if r.kind == SCAN and r.iterations > 1)
 
+    def inline_scans(self) -> frozenset[int]:
+        """The scans of more than one step that XLA runs with no loop, every copy of the body in
+        line (`Region.iterations` 0): their steps overlap as unrolled layers do."""
+        return frozenset(
+            r.index for r in self.regions if r.kind == SCAN and r.trips > 1 and not r.iterations
+        )
+
     def body_of(self, region: int, eqn: int) -> int:
         """Which body of ``region`` holds equation ``eqn``: a cond's branch (each its own
         computation in XLA), 0 for a scan's body or outside regions."""

@@ -99,6 +99,12 @@ class PlannerOptions:
         iterations: every iterating scan when ``pipelined_loops``, else none."""
         return program.scan_loops() if self.pipelined_loops else frozenset()
 
+    def overlapped_regions(self, program: Program) -> frozenset[int]:
+        """The scans whose steps overlap one another's collectives: the pipelined loops
+        (`pipelined_regions`) and, always, the scans XLA runs in line (`Program.inline_scans`:
+        unrolled whole, or one loop iteration, which XLA inlines)."""
+        return self.pipelined_regions(program) | program.inline_scans()
+
     def donated_args(self, num_args: int) -> tuple[int, ...]:
         """`donate_argnums`, defaulted: the arguments that are not batch arguments."""
         if self.donate_argnums is not None:

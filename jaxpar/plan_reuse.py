@@ -111,7 +111,7 @@ def rebuild(pf: PlanFile, traced: Any, target: Any, analysis: Any, clock: StageC
     ctx = EvalContext(
         ng, tables, params, analysis.batch, analysis.labels,
         frozenset(t for t, _ in analysis.feedback), target.speeds, target.combiner,
-        pf.options.pipelined_regions(traced.program),
+        pf.options.overlapped_regions(traced.program),
     )  # fmt: skip
     zeros = (0,) * len(ng.nodes)
     evaluation = evaluate(ctx, zeros)

@@ -151,7 +151,7 @@ def memory_model(
             feedback=dict(analysis.feedback), arg_kinds=traced.arg_kinds, donated=traced.donated,
             grad_sync=lambda v, cfg: is_grad_sync(ng.nodes[v], cfg, batch[v]),
             combine_syncs=target.mesh.platform == "cpu",
-            pipelined=options.pipelined_regions(traced.program),
+            pipelined=options.overlapped_regions(traced.program),
         )
     )  # fmt: skip
 
@@ -221,7 +221,7 @@ def _make_plan(fn, args, mesh, cluster, options, in_specs, progress) -> Plan:
     ctx = EvalContext(
         analysis.ng, tables, target.params, analysis.batch, analysis.labels,
         frozenset(t for t, _ in analysis.feedback), target.speeds, target.combiner,
-        options.pipelined_regions(traced.program),
+        options.overlapped_regions(traced.program),
     )  # fmt: skip
     sizes = target.params.mesh.sizes
     budget = memory_budget(options.memory_budget, target)

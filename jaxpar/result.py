@@ -120,7 +120,7 @@ class Plan:
         return EvalContext(
             self.ng, self.tables, self.params, self.batch, self.labels,
             frozenset(self.feedback), self.speeds, combiner,
-            self.options.pipelined_regions(self.program),
+            self.options.overlapped_regions(self.program),
         )  # fmt: skip
 
     # ---- shardings -------------------------------------------------------------------------

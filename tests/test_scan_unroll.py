@@ -129,3 +129,29 @@ def test_partial_sums_on_the_carry_stay_one_per_copy(unroll, x64):
     check = fidelity(sharded.plan.collectives, sharded.lower(w1, w2, x).compile())
     assert check.predicted_counts == check.hlo_counts, check.text
     assert check.ok(), check.text
+
+
+@pytest.mark.closed_form
+def test_a_scan_run_in_line_overlaps_its_steps_like_a_pipelined_loop():
+    """Unrolled whole, the scan is no loop: each layer's gradient all-reduce runs beside the
+    next layer's backward, as a pipelined loop's do (`PlannerOptions.overlapped_regions`), so
+    the data-parallel step is its compute alone (tests/test_pipelined_loops.py has the same for
+    the pipeliner); rolled, the last all-reduce of each iteration is exposed. Nothing is
+    reported or warned about XLA's pipeliner flags: no loop needs them."""
+    args = (
+        jax.ShapeDtypeStruct((LAYERS, 512, 512), jnp.float32),
+        jax.ShapeDtypeStruct((64, 512), jnp.float32),
+    )
+    plans = {
+        unroll: jaxpar.plan(
+            _tanh_step(unroll), *args, mesh={"d": 8}, cluster="dgx-h100", strategy="data"
+        )
+        for unroll in (1, LAYERS)
+    }
+    rolled, in_line = plans[1].cost, plans[LAYERS].cost
+    assert plans[LAYERS].program.inline_scans() and not plans[1].program.inline_scans()
+    assert in_line.compute_s == pytest.approx(rolled.compute_s, rel=1e-12)
+    assert rolled.overlapped_step_s > 1.1 * rolled.compute_s
+    assert in_line.overlapped_step_s == pytest.approx(in_line.compute_s, rel=1e-9)
+    assert not plans[LAYERS].options.pipelined_regions(plans[LAYERS].program)
+    assert "pipelined loops" not in plans[LAYERS].report()
