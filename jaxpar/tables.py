@@ -323,16 +323,48 @@ class CostTables:
     compute: tuple[np.ndarray, ...]  # per node, t_C of each configuration (all its iterations)
     uses: tuple[EdgeUse, ...]
     problem: Problem  # the reported cost, or an upper bound of it where tables fell back
-    bound: Problem  # the reported cost, or a lower bound of it where tables fell back
-    fallback_tensors: int  # shared tensors priced by the upper/lower pair (0: ``exact``)
+    # the shared tensors priced by the upper/lower pair: their reads (none: ``exact``)
+    fallback: tuple[tuple[EdgeUse, ...], ...]
     # the read tables and the layouts of every read under each configuration (a cache the
     # bounds and the evaluations share)
     reshards: ReshardTables = dataclasses.field(compare=False, repr=False)
+    exact_part: Problem | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def exact(self) -> bool:
         """Whether ``problem``'s objective is the reported cost of every assignment."""
-        return self.fallback_tensors == 0
+        return not self.fallback
+
+    @property
+    def fallback_tensors(self) -> int:
+        return len(self.fallback)
+
+    @functools.cached_property
+    def bound(self) -> Problem:
+        """The reported cost, or a lower bound of it where tables fell back: each read of a
+        ``fallback`` tensor at 1/k of its path (k: its reads). Built on first use (only an
+        eliminable problem's bound is solved), as its tables are as large as ``problem``'s."""
+        if self.exact:
+            return self.problem
+        part = self.exact_part
+        out = Problem(list(part.unary), dict(part.edges), part.blocks, dict(part.factors))
+        for reads in self.fallback:
+            for use in reads:
+                out.add_edge(use.src, use.dst, self.reshards.table(use) / len(reads))
+        return out
+
+    @functools.cached_property
+    def bound_unary(self) -> list[np.ndarray]:
+        """``bound``'s unary tables, without its edges (a fallback tensor read by the node
+        making it adds its diagonal)."""
+        if self.exact or "bound" in self.__dict__:
+            return self.bound.unary
+        unary = list(self.exact_part.unary)
+        for reads in self.fallback:
+            for use in reads:
+                if use.src == use.dst:
+                    unary[use.src] = unary[use.src] + np.diag(self.reshards.table(use)) / len(reads)
+        return unary
 
 
 Tick = Callable[[str], None]  # progress inside long loops
@@ -383,26 +415,24 @@ def build_tables(
         else:
             fallback.append(reads)
         tick(f"reshard tables of {i + 1}/{len(groups)} tensors")
-    problem, bound = exact, exact
-    if fallback:  # the upper and the lower pricing of the tensors without an exact table
-        problem, bound = (
-            Problem(list(unary), dict(exact.edges), blocks, dict(exact.factors)) for _ in range(2)
-        )
+    problem = exact
+    if fallback:  # the upper pricing of the tensors without an exact table (`CostTables.bound`
+        # the lower, built when used)
+        problem = Problem(list(unary), dict(exact.edges), blocks, dict(exact.factors))
         for reads in fallback:
             for use in reads:
-                table = reshards.table(use)
-                problem.add_edge(use.src, use.dst, table)
-                bound.add_edge(use.src, use.dst, table / len(reads))
+                problem.add_edge(use.src, use.dst, reshards.table(use))
     return CostTables(
-        tuple(configs), tuple(compute), tuple(uses), problem, bound, len(fallback), reshards
-    )
+        tuple(configs), tuple(compute), tuple(uses), problem,
+        tuple(tuple(reads) for reads in fallback), reshards, exact,
+    )  # fmt: skip
 
 
 def pairwise_bound(ng: NodeGraph, tables: CostTables) -> Problem:
     """A lower bound of the reported cost with no tables over several nodes: every shared
     tensor's reads at 1/k of their paths (see the module docstring). Its graph is the read
     graph, so it may eliminate where the exact tables are too wide."""
-    out = Problem(list(tables.bound.unary), {}, tables.problem.blocks)
+    out = Problem(list(tables.bound_unary), {}, tables.problem.blocks)
     for reads in reads_by_tensor(ng, tables.uses):
         for use in reads:
             out.add_edge(use.src, use.dst, tables.reshards.table(use) / len(reads))
@@ -412,7 +442,7 @@ def pairwise_bound(ng: NodeGraph, tables: CostTables) -> Problem:
 def pairwise_skeleton(ng: NodeGraph, tables: CostTables) -> Problem:
     """`pairwise_bound`'s graph with zero tables (views, no memory): to decide whether it would
     eliminate before pricing it."""
-    out = Problem(list(tables.bound.unary), {}, tables.problem.blocks)
+    out = Problem(list(tables.bound_unary), {}, tables.problem.blocks)
     for reads in reads_by_tensor(ng, tables.uses):
         for use in reads:
             shape = (len(tables.configs[use.src]), len(tables.configs[use.dst]))
