@@ -100,8 +100,27 @@ class Tying:
         nodes of one class contributes its diagonal)."""
         unary = [sum(problem.unary[v] for v in c) for c in self.classes]
         out = Problem([np.array(u, dtype=np.float64) for u in unary], {}, [])
+        # per variable pair (a < b), its tables with their multiplicities: the copies of a layer
+        # mostly share one table object (`tables.ReshardTables` caches reads alike), and the
+        # tables are large (1.6 G entries for unrolled llama3_8b on four mesh axes)
+        parts: dict[tuple[int, int], dict[tuple[int, bool], list]] = {}
         for (i, j), table in problem.edges.items():
-            out.add_edge(self.var_of[i], self.var_of[j], table)
+            a, b = self.var_of[i], self.var_of[j]
+            if a == b:
+                out.add_edge(a, b, table)
+                continue
+            flip = a > b
+            seen = parts.setdefault((b, a) if flip else (a, b), {})
+            seen.setdefault((id(table), flip), [0, table.T if flip else table])[0] += 1
+        for key, seen in parts.items():
+            (count, table), *rest = seen.values()
+            if count == 1 and not rest:  # shared, as `Problem.add_edge` shares it
+                out.edges[key] = np.asarray(table, dtype=np.float64)
+                continue
+            total = np.multiply(table, float(count))  # a buffer of its own
+            for count, table in rest:
+                total += table if count == 1 else count * table
+            out.edges[key] = total
         for key, table in problem.factors.items():
             variables = [self.var_of[v] for v in key]
             if len(set(variables)) == len(variables):

@@ -348,9 +348,10 @@ class CostTables:
             return self.problem
         part = self.exact_part
         out = Problem(list(part.unary), dict(part.edges), part.blocks, dict(part.factors))
+        shares: dict = {}
         for reads in self.fallback:
             for use in reads:
-                out.add_edge(use.src, use.dst, self.reshards.table(use) / len(reads))
+                out.add_edge(use.src, use.dst, _share(self.reshards.table(use), len(reads), shares))
         return out
 
     @functools.cached_property
@@ -433,10 +434,22 @@ def pairwise_bound(ng: NodeGraph, tables: CostTables) -> Problem:
     tensor's reads at 1/k of their paths (see the module docstring). Its graph is the read
     graph, so it may eliminate where the exact tables are too wide."""
     out = Problem(list(tables.bound_unary), {}, tables.problem.blocks)
+    shares: dict = {}  # the copies of a layer read alike: one table, so one share of it
     for reads in reads_by_tensor(ng, tables.uses):
         for use in reads:
-            out.add_edge(use.src, use.dst, tables.reshards.table(use) / len(reads))
+            out.add_edge(use.src, use.dst, _share(tables.reshards.table(use), len(reads), shares))
     return out
+
+
+def _share(table: np.ndarray, k: int, memo: dict) -> np.ndarray:
+    """``table / k``, computed once per (table, k) in ``memo`` (which keeps ``table`` alive,
+    so its id names it)."""
+    if k == 1:
+        return table
+    key = (id(table), k)
+    if key not in memo:
+        memo[key] = (table, table / k)
+    return memo[key][1]
 
 
 def pairwise_skeleton(ng: NodeGraph, tables: CostTables) -> Problem:
@@ -492,6 +505,9 @@ def combined_sync_problem(
     problem = tables.problem
     unary = []
     for node, cfgs, u in zip(ng.nodes, tables.configs, problem.unary, strict=True):
+        if node.phase != BACKWARD or not set(node.space.reduce_dims) & batch[node.index]:
+            unary.append(u)  # never a gradient all-reduce (`is_grad_sync`)
+            continue
         saved = np.zeros(len(cfgs))
         for i, cfg in enumerate(cfgs):
             if not may_communicate(node, cfg) or not is_grad_sync(node, cfg, batch[node.index]):
