@@ -21,7 +21,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from .graph import Program
+from .graph import SCAN, Program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +63,11 @@ class AllReduceItem:
     """One predicted all-reduce, as the combiner sees it."""
 
     eqn: int  # the equation whose result it reduces (its place in program order)
-    key: tuple  # what must match to combine: reduction, dtype, mesh axes, region, body
+    # what must match to combine: reduction, dtype, mesh axes, computation, body (XLA's
+    # computation: `graph.Program.computation`, a region or -1)
+    key: tuple
     buffer_bytes: float  # result bytes per device
+    region: int = -1  # the region of its equation (a scan run in line, inside the computation)
 
 
 def item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list[int]:
@@ -162,28 +165,58 @@ def carried(program: Program, region: int) -> tuple[frozenset[int], frozenset[in
     return program.memo[key]
 
 
-def combined_runs(
-    program: Program, members: Sequence[AllReduceItem], runs: int, combiner: Combiner
-) -> int:
-    """Runs per step of one combined all-reduce whose ``members`` each run ``runs`` times.
+def combined_runs(program: Program, members: Sequence[AllReduceItem], combiner: Combiner) -> int:
+    """Runs per step of one combined all-reduce of ``members`` (their key's computation,
+    `graph.Program.computation`).
 
-    In a scan unrolled by k (`graph.Region.copies`), with I loop iterations and r copies in
-    line (`graph.Region.iterations`), the k copies of the group in one iteration combine, and
-    so do the r, at most b = min(max_bytes // group bytes, max_count // members) together:
-    runs = outer · (I · ⌈k / b⌉ + ⌈r / b⌉), outer being the runs of the enclosing regions. b = 1
-    (nothing gained) when a member's result reaches the carry and a member reads it
-    (`carried`: a forward partial sum on the residual stream). Elsewhere ``runs``."""
-    region = members[0].key[-2]
-    if region < 0 or program.regions[region].copies == 1:
-        return runs
-    r = program.regions[region]
-    reads, feeds = carried(program, region)
-    per_run = 1
-    if not (any(m.eqn in feeds for m in members) and any(m.eqn in reads for m in members)):
+    Per run of the computation's body, member m appears n_m = k · (its region's runs / the
+    body's) times: k copies of a scan unrolled by k (`graph.Region.copies`), and once per step
+    of a scan XLA runs in line. The appearances combine into ⌈n / b⌉ all-reduces when every
+    member appears n times, b = min(max_bytes // group bytes, max_count // members); into
+    max(⌈Σ n_m bytes_m / max_bytes⌉, ⌈Σ n_m / max_count⌉) when they differ; into max n_m (no
+    two copies together) when a member's result reaches the carry of a repeated scan and a
+    member reads that carry (`carried`: a forward partial sum on the residual stream). A scan
+    unrolled by k runs I iterations of k copies, then r copies in line (`Region.iterations`;
+    counted apart): runs = outer · (I · per(k) + per(r)), outer the runs of the enclosing
+    regions."""
+    comp = members[0].key[-2]
+    body = program.trips(comp)  # runs of the computation's body per step
+    inline = [program.trips(m.region) // body for m in members]
+    loop = program.regions[comp] if comp >= 0 else None
+    if loop is not None and loop.kind == SCAN and loop.copies > 1:
+        rest = loop.trips - loop.iterations * loop.copies
+        per = loop.iterations * _per_run(program, members, inline, loop.copies, comp, combiner)
+        if rest:
+            per += _per_run(program, members, inline, rest, comp, combiner)
+        return body // loop.trips * per
+    if all(n == 1 for n in inline):
+        return body
+    return body * _per_run(program, members, inline, 1, comp, combiner)
+
+
+def _per_run(
+    program: Program, members: Sequence[AllReduceItem], inline: list[int], copies: int,
+    comp: int, combiner: Combiner,
+) -> int:  # fmt: skip
+    """All-reduces per run of ``copies`` copies of the computation's body (`combined_runs`)."""
+    n = [copies * k for k in inline]
+    repeated = {comp} if copies > 1 else set()
+    for m in members:  # the scans run in line between a member and its computation
+        r = m.region
+        while r != comp and r >= 0:
+            repeated.add(r)
+            r = program.regions[r].parent
+    eqns = {m.eqn for m in members}
+    for r in repeated:
+        reads, feeds = carried(program, r)
+        if eqns & reads and eqns & feeds:
+            return max(n)
+    if len(set(n)) == 1:
         size = sum(m.buffer_bytes for m in members)
         by_count = combiner.max_count // len(members)
         by_bytes = by_count if size <= 0 or math.isinf(combiner.max_bytes) else 0
-        per_run = int(max(1, min(by_bytes or combiner.max_bytes // size, by_count)))
-    rest = r.trips - r.iterations * r.copies
-    outer = program.trips(region) // r.trips
-    return outer * (r.iterations * -(-r.copies // per_run) + -(-rest // per_run))
+        per_bin = int(max(1, min(by_bytes or combiner.max_bytes // size, by_count)))
+        return -(-n[0] // per_bin)
+    total = sum(k * m.buffer_bytes for k, m in zip(n, members, strict=True))
+    by_bytes = 1 if math.isinf(combiner.max_bytes) else math.ceil(total / combiner.max_bytes)
+    return max(1, by_bytes, -(-sum(n) // combiner.max_count))

@@ -192,10 +192,12 @@ def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
         if c.kind == ALL_REDUCE and c.group_size > 1:
             n, _, lat = mesh.group(c.axes)
             key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
-            # XLA combines within one computation: a cond's branches never together
-            body = ng.program.body_of(node.region, node.anchor)
+            # XLA combines within one computation: a cond's branches never together, a scan it
+            # runs in line with the computation around it
+            comp = ng.program.computation(node.region)
+            body = ng.program.body_of(comp, node.anchor)
             item = AllReduceItem(
-                node.anchor, (*key, node.region, body), all_reduce_buffer(c.nbytes, n)
+                node.anchor, (*key, comp, body), all_reduce_buffer(c.nbytes, n), node.region
             )
             latency = lat * ring_steps(ALL_REDUCE, n)
         collective = Collective(
@@ -360,8 +362,8 @@ def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, floa
         if g in runs:
             riding[k] = latency * count
         else:  # the first member pays the latency, once per run of the combined all-reduce
-            runs[g] = combined_runs(program, members[g], count, ctx.combiner)
-            if runs[g] < count:
+            runs[g] = combined_runs(program, members[g], ctx.combiner)
+            if runs[g] != count:  # the group's latency: once per run of it, whoever rides
                 riding[k] = latency * (count - runs[g])
         colls[k] = dataclasses.replace(colls[k], group=g, group_runs=runs[g])
     return riding

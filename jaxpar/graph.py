@@ -164,6 +164,18 @@ class Program:
             return 1
         return math.prod(self.regions[i].trips for i in self.region_chain(region))
 
+    def computation(self, region: int) -> int:
+        """The innermost region enclosing ``region`` (itself included) that XLA runs as a
+        computation of its own, a loop's body or a cond's branch; -1 for the step's own. A scan
+        XLA runs in line (`Region.iterations` 0) belongs to the computation around it."""
+        while (
+            region >= 0
+            and self.regions[region].kind == SCAN
+            and not self.regions[region].iterations
+        ):
+            region = self.regions[region].parent
+        return region
+
     def scan_loops(self) -> frozenset[int]:
         """The scans that XLA runs as loops of more than one iteration: the loops its collective
         pipeliner works on."""

@@ -76,11 +76,11 @@ def test_combined_runs_pack_copies_up_to_the_thresholds():
     XLA:GPU's 30 MiB threshold packs 3 copies per combined all-reduce, so each iteration runs
     ⌈4 / 3⌉ = 2; XLA:CPU (no byte limit) packs all 4; at most 2 operands, 2 copies."""
     program = Program([], [], [], [], [], {}, [], [], regions=[_region(12, 4)])
-    item = AllReduceItem(0, ("add", "float32", (0,), 0, 0), 10 * 2**20)
-    assert combined_runs(program, [item], 12, COMBINERS["gpu"]) == 3 * 2
-    assert combined_runs(program, [item], 12, COMBINERS["cpu"]) == 3
-    assert combined_runs(program, [item], 12, Combiner("x", math.inf, 2)) == 3 * 2
-    assert combined_runs(program, [item, item], 12, Combiner("x", math.inf, 2)) == 12
+    item = AllReduceItem(0, ("add", "float32", (0,), 0, 0), 10 * 2**20, 0)
+    assert combined_runs(program, [item], COMBINERS["gpu"]) == 3 * 2
+    assert combined_runs(program, [item], COMBINERS["cpu"]) == 3
+    assert combined_runs(program, [item], Combiner("x", math.inf, 2)) == 3 * 2
+    assert combined_runs(program, [item, item], Combiner("x", math.inf, 2)) == 12
 
 
 @pytest.mark.numerics
@@ -108,6 +108,35 @@ def test_unrolled_copies_combine_their_gradient_all_reduces(unroll, strategy, x6
     assert gpu.cost.step_s == once.cost.step_s  # Eq. 1: every all-reduce its latency
     if unroll > 1:
         assert gpu.cost.combined_step_s < once.cost.combined_step_s
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("unroll,expected", [(1, 7), (2, 4), (3, 3), (4, 1), (6, 1)])
+def test_copies_in_line_combine_with_the_step_around_them(unroll, expected, x64):
+    """A dense layer before the scan: its gradient all-reduce is the step's own. Rolled, the
+    loop's combine apart from it (6 / unroll + 1); with every copy in line (unroll 6, or 4:
+    one iteration, which XLA inlines, and two copies after it) they all combine into one."""
+
+    def step(w0, ws, x):
+        def loss(w0, ws):
+            h, _ = jax.lax.scan(
+                lambda h, w: (jnp.tanh(h @ w), None), jnp.tanh(x @ w0), ws, unroll=unroll
+            )
+            return jnp.mean(h**2)
+
+        g0, g = jax.grad(loss, argnums=(0, 1))(w0, ws)
+        return w0 - 0.1 * g0, ws - 0.1 * g
+
+    keys = jax.random.split(jax.random.key(3), 3)
+    w0 = jax.random.normal(keys[0], (WIDTH, WIDTH)) / WIDTH**0.5
+    ws = jax.random.normal(keys[1], (LAYERS, WIDTH, WIDTH)) / WIDTH**0.5
+    x = jax.random.normal(keys[2], (ROWS, WIDTH))
+    sharded = jaxpar.auto_shard(step, mesh=jaxpar.make_mesh({"d": 8}), strategy="data")
+    for got, want in zip(sharded(w0, ws, x), jax.jit(step)(w0, ws, x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    check = fidelity(sharded.plan.collectives, sharded.lower(w0, ws, x).compile())
+    assert check.predicted_counts["all-reduce"] == check.hlo_counts["all-reduce"] == expected
+    assert check.ok(), check.text
 
 
 @pytest.mark.numerics
