@@ -386,7 +386,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
     is shorter still: moving collectives earlier can reorder the greedy list schedule for the
     worse (a list-scheduling anomaly, which XLA's scheduler, free to keep the collectives where
     they were, does not suffer)."""
-    uses, nodes, regions = ctx.tables.uses, ctx.ng.nodes, ctx.ng.program.regions
+    uses, nodes = ctx.tables.uses, ctx.ng.nodes
     line = Timeline()
     order, into, deferred, srcs, producers = _stream_order(ctx)
     behind, ahead = pipelining(ctx)
@@ -399,7 +399,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
         steps = paths.get(u, ())
         share = 1.0
         if u in ahead and u in gathered:  # the first iteration's gathers, waited on
-            share = 1.0 / _rounds(regions[nodes[uses[u].dst].region])
+            share = 1.0 / _rounds(ctx.ng.program, nodes[uses[u].dst].region)
         for key, seconds in steps:
             last = line.reshard(key, uses[u].src, last, seconds * share)
         if share < 1.0:  # the rest, each during the iteration before its own
@@ -410,7 +410,9 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
 
     ready = line.ready
     groups, member_of = _combined_groups(order, colls, own_of)
-    moved = _behind_seconds(ctx, colls, own_of, riding, groups, behind) if top else {}
+    owner = {k: v for v, ks in enumerate(own_of) for k in ks}  # collective -> its node
+    program = ctx.ng.program
+    moved = _behind_seconds(ctx, colls, owner, riding, groups, behind) if top else {}
     left = {g: len(members) for g, (members, _) in groups.items()}  # members not yet run
     # nodes run before a group's collective that read its members' results, directly or not
     # (a weight gradient's transpose): their results are ready only once it has finished
@@ -424,15 +426,16 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
             tasks += [late.get(srcs[u]) for u in into.get(v, ()) if nodes[srcs[u]].region != loop]
         return tasks
 
-    def behind_task(loop: int, seconds: float, deps: list) -> int:
-        """An all-reduce run an iteration behind: all iterations' but the last (at the top,
-        or here where its producer has run), the last after ``deps``; the later of the two."""
-        trips = _rounds(regions[loop])  # the last round's run after the loop
+    def behind_task(loop: int, seconds: float, deps: list, runs: int) -> int:
+        """An all-reduce run an iteration behind: all rounds' but the last (at the top, or here
+        where its producer has run), the last after ``deps``; the later of the two (``runs``:
+        of its combined all-reduce, `_rounds`)."""
+        rounds = _rounds(ctx.ng.program, loop, runs)
         if top:
             rest = early[loop]
         else:
-            rest = line.add(COMM, seconds * (trips - 1) / trips, [started[loop]])
-        last = line.add(COMM, seconds / trips, deps)
+            rest = line.add(COMM, seconds * (rounds - 1) / rounds, [started[loop]])
+        last = line.add(COMM, seconds / rounds, deps)
         return last if line.finish[last] >= line.finish[rest] else rest
 
     def run(v: int, reads: list[int | None]) -> None:
@@ -440,8 +443,7 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
         if loop in ctx.pipelined and loop not in started:
             started[loop] = line.add(COMPUTE, 0.0)
             if loop in moved:
-                rest = moved[loop] * (1 - 1 / _rounds(regions[loop]))
-                early[loop] = line.add(COMM, rest, [started[loop]])
+                early[loop] = line.add(COMM, moved[loop], [started[loop]])
         before, after, later = [], [], []
         for k in own_of[v]:
             c = colls[k]
@@ -451,10 +453,15 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
             if c.kind != ALL_REDUCE:
                 before.append(seconds)
             else:
-                (later if v in behind else after).append(seconds)
+                if v in behind and _lags(program, loop, c.group_runs):
+                    later.append((seconds, c.group_runs))
+                elif in_line_copies(loop) > 1 and _rounds(program, loop, c.group_runs) == 1:
+                    at_end.setdefault(loop, []).append((v, seconds))  # the copies' in one
+                else:
+                    after.append(seconds)
         line.node(v, t_c[v], reads, before, after)
-        for seconds in later:
-            _latest(line, late, v, behind_task(loop, seconds, [ready[v]]))
+        for seconds, runs in later:
+            _latest(line, late, v, behind_task(loop, seconds, [ready[v]], runs))
         if late:  # formatting and stacking results reduced an iteration behind
             for u in into.get(v, ()):
                 _latest(line, late, v, late.get(srcs[u]))
@@ -468,52 +475,125 @@ def _timeline(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Ti
         # every operand
         for g in member_of.get(v, ()):
             left[g] -= 1
-            if left[g]:
-                continue
-            members, ks = groups[g]
-            seconds = sum(colls[k].time_s - riding.get(k, 0.0) for k in ks)
-            deps = [ready[m] for m in members]
-            if all(m in behind for m in members):
-                loop = nodes[members[0]].region
-                task = behind_task(loop, seconds, deps)
-                for t in waiting.pop(g):
-                    _latest(line, late, t, task)
-                continue
-            task = line.add(COMM, seconds, deps)
-            for t in waiting.pop(g):
-                _latest(line, ready, t, task)
+            if not left[g]:
+                issue_group(g, loop)
 
+    def issue_group(g: int, loop: int, end: int | None = None) -> None:
+        """A combined group's collective, once its last member has run (in ``loop``); one that
+        combines the copies of a scan run in line waits for the scan's ``end``: its last copy
+        runs last (the body's nodes run once for all copies here)."""
+        members, ks = groups[g]
+        runs = colls[ks[0]].group_runs
+        lagging = _moved_members(program, nodes, members, behind, runs)
+        if end is None and len(lagging) < len(members) and in_line_copies(loop) > 1:
+            at_end.setdefault(loop, []).append((g, None))
+            return
+        for part, tasks in ((lagging, late), (set(members) - lagging, ready)):
+            if not part:
+                continue
+            seconds = sum(colls[k].time_s - riding.get(k, 0.0) for k in ks if owner[k] in part)
+            deps = [ready[m] for m in members if m in part]
+            if part is lagging:
+                task = behind_task(nodes[next(iter(part))].region, seconds, deps, runs)
+            else:
+                task = line.add(COMM, seconds, [*deps, end])
+            for t in waiting[g]:
+                _latest(line, tasks, t, task)
+        del waiting[g]
+
+    def in_line_copies(region: int) -> int:
+        """Copies of a scan run in line per run of the computation around it (1 elsewhere)."""
+        if region < 0 or program.regions[region].iterations:
+            return 1
+        return program.trips(region) // program.trips(program.computation(region))
+
+    def ended(loop: int) -> None:
+        """A scan run in line has run all its nodes: the all-reduces combining its copies."""
+        end = line.add(COMPUTE, 0.0)
+        for g, seconds in at_end.pop(loop):
+            if seconds is None:
+                issue_group(g, loop, end)
+            else:  # a node's own all-reduce of every copy
+                _latest(line, ready, g, line.add(COMM, seconds, [ready[g], end]))
+
+    def scheduled(v: int, reads: list[int | None]) -> None:
+        for loop in [r for r in at_end if r != nodes[v].region]:
+            ended(loop)
+        run(v, reads)
+
+    # scan run in line -> what waits for its end: (combined group, None) or (node, seconds)
+    at_end: dict[int, list[tuple[int, float | None]]] = {}
     list_schedule(
-        line, order, lambda v: producers.get(v, ()), lambda v: nodes[v].region, issue, run
+        line, order, lambda v: producers.get(v, ()), lambda v: nodes[v].region, issue, scheduled
     )
+    for loop in list(at_end):
+        ended(loop)
     for u in deferred:
         read(u)
     return line
 
 
-def _rounds(region) -> int:
-    """The rounds a pipelined region's moved collectives spread over: its loop's iterations,
-    or its steps where XLA runs them in line (`graph.Program.inline_scans`)."""
-    return region.iterations or region.trips
+def _rounds(program, region: int, runs: int = 0) -> int:
+    """The rounds a pipelined region's moved collectives spread over: its loop's iterations;
+    where XLA runs the scan in line, the runs of their combined all-reduce per run of the
+    computation around it (the copies combine: one all-reduce of them all waits for the last
+    copy), or with none (``runs`` 0: gathers) the scan's steps."""
+    r = program.regions[region]
+    if r.iterations:
+        return r.iterations
+    if not runs:
+        return r.trips
+    return max(1, runs // program.trips(program.computation(region)))
 
 
-def _behind_seconds(ctx, colls, own_of, riding, groups, behind) -> dict[int, float]:
-    """Per pipelined loop, the seconds of the all-reduces it runs an iteration behind (all
-    iterations'): the behind nodes' own all-reduces and the combined groups of only behind
-    members (`pipelining`)."""
-    nodes = ctx.ng.nodes
+def _behind_seconds(ctx, colls, owner, riding, groups, behind) -> dict[int, float]:
+    """Per pipelined loop, the seconds of the all-reduces it runs behind, all rounds' but the
+    last (`_rounds`): the behind nodes' own all-reduces, and their share of the combined
+    groups whose members all are (`pipelining`) or which join a scan run in line to the step
+    around it (`_moved_members`)."""
+    nodes, program = ctx.ng.nodes, ctx.ng.program
     out: dict[int, float] = {}
-    for v in behind:
-        for k in own_of[v]:
-            c = colls[k]
-            if c.kind == ALL_REDUCE and c.group not in groups:
-                loop = nodes[v].region
-                out[loop] = out.get(loop, 0.0) + c.time_s - riding.get(k, 0.0)
+
+    def add(k: int) -> None:
+        loop, c = nodes[owner[k]].region, colls[k]
+        rounds = _rounds(program, loop, c.group_runs)
+        out[loop] = out.get(loop, 0.0) + (c.time_s - riding.get(k, 0.0)) * (1 - 1 / rounds)
+
+    for k, c in enumerate(colls):
+        v = owner.get(k)
+        lone = v in behind and c.kind == ALL_REDUCE and c.group not in groups
+        if lone and _lags(program, nodes[v].region, c.group_runs):
+            add(k)
     for members, ks in groups.values():
-        if all(m in behind for m in members):
-            loop = nodes[members[0]].region
-            out[loop] = out.get(loop, 0.0) + sum(colls[k].time_s - riding.get(k, 0.0) for k in ks)
+        moved = _moved_members(program, nodes, members, behind, colls[ks[0]].group_runs)
+        for k in ks:
+            if owner[k] in moved:
+                add(k)
     return out
+
+
+def _moved_members(program, nodes, members: list[int], behind, runs: int) -> set[int]:
+    """The members of a combined all-reduce (of ``runs`` per step) that run behind their
+    iteration (`_lags`): all of them when all are behind (one collective takes them all); the
+    behind ones when the group joins a scan run in line to the step around it (members of
+    several regions: each copy's share runs behind its copy)."""
+    inside = {m for m in members if m in behind}
+    if not inside or not _lags(program, nodes[next(iter(inside))].region, runs):
+        return set()
+    if len(inside) == len(members) or len({nodes[m].region for m in members}) > 1:
+        return inside
+    return set()
+
+
+def _lags(program, region: int, runs: int) -> bool:
+    """Whether an all-reduce of a pipelined region (of ``runs`` per step) runs behind its
+    round: always in a loop; in a scan run in line, when its copies make more than one
+    all-reduce (one of them all waits for the last copy: `_timeline` issues it where the scan
+    ends)."""
+    if program.regions[region].iterations:
+        return True
+    copies = program.trips(region) // program.trips(program.computation(region))
+    return _rounds(program, region, runs) >= min(copies, 2)
 
 
 def _latest(line: Timeline, tasks: dict[int, int], v: int, task: int | None) -> None:

@@ -162,25 +162,33 @@ def test_partial_sums_on_the_carry_stay_one_per_copy(unroll, x64):
 
 @pytest.mark.closed_form
 def test_a_scan_run_in_line_overlaps_its_steps_like_a_pipelined_loop():
-    """Unrolled whole, the scan is no loop: each layer's gradient all-reduce runs beside the
-    next layer's backward, as a pipelined loop's do (`PlannerOptions.overlapped_regions`), so
-    the data-parallel step is its compute alone (tests/test_pipelined_loops.py has the same for
-    the pipeliner); rolled, the last all-reduce of each iteration is exposed. Nothing is
+    """Unrolled whole, the scan is no loop. Where each layer's gradient is an all-reduce of its
+    own (64 MiB at d = 4,096, over the 30 MiB the GPU combiner packs), it runs beside the next
+    layer's backward, as a pipelined loop's does (`PlannerOptions.overlapped_regions`): the
+    data-parallel step is its compute alone, where rolled each iteration's is exposed. Where the
+    copies' gradients combine into one all-reduce (1 MiB each at d = 512), it waits for the
+    last copy (`evaluate._timeline`: issued where the scan's nodes have all run). Nothing is
     reported or warned about XLA's pipeliner flags: no loop needs them."""
-    args = (
-        jax.ShapeDtypeStruct((LAYERS, 512, 512), jnp.float32),
-        jax.ShapeDtypeStruct((64, 512), jnp.float32),
-    )
-    plans = {
-        unroll: jaxpar.plan(
-            _tanh_step(unroll), *args, mesh={"d": 8}, cluster="dgx-h100", strategy="data"
+    steps = {}
+    for width, rows in ((4096, 2048), (512, 64)):
+        args = (
+            jax.ShapeDtypeStruct((LAYERS, width, width), jnp.float32),
+            jax.ShapeDtypeStruct((rows, width), jnp.float32),
         )
-        for unroll in (1, LAYERS)
-    }
-    rolled, in_line = plans[1].cost, plans[LAYERS].cost
-    assert plans[LAYERS].program.inline_scans() and not plans[1].program.inline_scans()
+        for unroll in (1, LAYERS):
+            steps[width, unroll] = jaxpar.plan(
+                _tanh_step(unroll), *args, mesh={"d": 8}, cluster="dgx-h100", strategy="data",
+                memory_budget=None,
+            )  # fmt: skip
+    rolled, in_line = steps[4096, 1].cost, steps[4096, LAYERS].cost
+    assert steps[4096, LAYERS].program.inline_scans() and not steps[4096, 1].program.inline_scans()
     assert in_line.compute_s == pytest.approx(rolled.compute_s, rel=1e-12)
+    assert in_line.combined_all_reduces == rolled.combined_all_reduces == LAYERS
     assert rolled.overlapped_step_s > 1.1 * rolled.compute_s
     assert in_line.overlapped_step_s == pytest.approx(in_line.compute_s, rel=1e-9)
-    assert not plans[LAYERS].options.pipelined_regions(plans[LAYERS].program)
-    assert "pipelined loops" not in plans[LAYERS].report()
+    combined, looped = steps[512, LAYERS].cost, steps[512, 1].cost
+    assert combined.combined_all_reduces == 1
+    # after the last copy only the update is left to hide it; rolled, each iteration's shows
+    assert 1.05 * combined.compute_s < combined.overlapped_step_s < looped.overlapped_step_s
+    assert not steps[4096, LAYERS].options.pipelined_regions(steps[4096, LAYERS].program)
+    assert "pipelined loops" not in steps[4096, LAYERS].report()
