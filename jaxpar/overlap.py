@@ -24,7 +24,7 @@ the state into the next step's layout and a scan's carry edges are issued at the
 producer and waited on by nobody. All-reduces that XLA's combiner merges (`combine`) run as one
 collective, which takes every operand: it is issued after the group's last member, pays its
 latency once, and every member's results are ready when it finishes, as are the results of the
-nodes run before it that read them, directly or not (`evaluate._timeline`).
+nodes run before it that read them, directly or not (`step_timeline.schedule_step`).
 
 The schedule is never longer than Eq. 1's sum (no stream idles while the other has nothing
 running), so Eq. 1 is an upper bound of the overlapped step, and that bound is what the search

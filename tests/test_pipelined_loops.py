@@ -1,5 +1,5 @@
 """A scan's kernels priced as XLA compiles them, and XLA:GPU's collective pipeliner
-(`PlannerOptions.pipelined_loops`, `evaluate.pipelining`): gathers of a layer's weights an
+(`PlannerOptions.pipelined_loops`, `step_timeline.pipelining`): gathers of a layer's weights an
 iteration ahead, all-reduces of its stacked gradient an iteration behind."""
 
 import json
@@ -13,10 +13,10 @@ import pytest
 
 import jaxpar
 from jaxpar.apply import warn_unpipelined
-from jaxpar.evaluate import pipelining
 from jaxpar.graph import SCAN_SLICE
 from jaxpar.kernels import node_kernels
 from jaxpar.options import PIPELINER_FLAGS
+from jaxpar.step_timeline import pipelining
 from models.scanned import scanned_config, scanned_example
 
 LAYERS, WIDTH, BATCH = 4, 512, 64

@@ -167,8 +167,8 @@ def test_a_scan_run_in_line_overlaps_its_steps_like_a_pipelined_loop():
     layer's backward, as a pipelined loop's does (`PlannerOptions.overlapped_regions`): the
     data-parallel step is its compute alone, where rolled each iteration's is exposed. Where the
     copies' gradients combine into one all-reduce (1 MiB each at d = 512), it waits for the
-    last copy (`evaluate._timeline`: issued where the scan's nodes have all run). Nothing is
-    reported or warned about XLA's pipeliner flags: no loop needs them."""
+    last copy (`step_timeline.schedule_step` issues it where the scan's nodes have all run).
+    Nothing is reported or warned about XLA's pipeliner flags: no loop needs them."""
     steps = {}
     for width, rows in ((4096, 2048), (512, 64)):
         args = (
