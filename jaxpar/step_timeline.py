@@ -43,7 +43,11 @@ def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -
     producer has run. `evaluate` takes the shorter schedule, and the unpipelined one if that
     is shorter still: moving collectives earlier can reorder the greedy list schedule for the
     worse (a list-scheduling anomaly, which XLA's scheduler, free to keep the collectives where
-    they were, does not suffer)."""
+    they were, does not suffer).
+
+    A scan XLA runs in line is scheduled as a pipelined loop whose rounds are its all-reduces'
+    combined runs (`_rounds`, `_lags`); one all-reduce combining every copy is issued where the
+    scan's nodes have all run (``at_end``), since its last copy's gradient comes last."""
     uses, nodes = ctx.tables.uses, ctx.ng.nodes
     line = Timeline()
     order, into, deferred, srcs, producers = _stream_order(ctx)
@@ -113,7 +117,9 @@ def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -
             else:
                 if v in behind and _lags(program, loop, c.group_runs):
                     later.append((seconds, c.group_runs))
-                elif in_line_copies(loop) > 1 and _rounds(program, loop, c.group_runs) == 1:
+                elif (
+                    _in_line_copies(program, loop) > 1 and _rounds(program, loop, c.group_runs) == 1
+                ):
                     at_end.setdefault(loop, []).append((v, seconds))  # the copies' in one
                 else:
                     after.append(seconds)
@@ -143,7 +149,7 @@ def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -
         members, ks = groups[g]
         runs = colls[ks[0]].group_runs
         lagging = _moved_members(program, nodes, members, behind, runs)
-        if end is None and len(lagging) < len(members) and in_line_copies(loop) > 1:
+        if end is None and len(lagging) < len(members) and _in_line_copies(program, loop) > 1:
             at_end.setdefault(loop, []).append((g, None))
             return
         for part, tasks in ((lagging, late), (set(members) - lagging, ready)):
@@ -158,12 +164,6 @@ def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -
             for t in waiting[g]:
                 _latest(line, tasks, t, task)
         del waiting[g]
-
-    def in_line_copies(region: int) -> int:
-        """Copies of a scan run in line per run of the computation around it (1 elsewhere)."""
-        if region < 0 or program.regions[region].iterations:
-            return 1
-        return program.trips(region) // program.trips(program.computation(region))
 
     def ended(loop: int) -> None:
         """A scan run in line has run all its nodes: the all-reduces combining its copies."""
@@ -189,6 +189,13 @@ def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -
     for u in deferred:
         read(u)
     return line
+
+
+def _in_line_copies(program, region: int) -> int:
+    """Copies of a scan run in line per run of the computation around it (1 elsewhere)."""
+    if region < 0 or program.regions[region].iterations:
+        return 1
+    return program.trips(region) // program.trips(program.computation(region))
 
 
 def _rounds(program, region: int, runs: int = 0) -> int:
