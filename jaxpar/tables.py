@@ -42,14 +42,8 @@ from .cost import (
 )  # fmt: skip
 from .graph import BACKWARD, FORWARD, UPDATE, Program
 from .nodes import Node, NodeGraph
-from .reshard import (
-    linear_tables,
-    local_priced,
-    priced_steps,
-    reshard_linear,
-    reshard_path,
-    step_terms,
-)
+from .reshard import local_priced, priced_steps, reshard_linear, reshard_path, step_terms
+from .reshard_tables import linear_tables
 from .rules import DimMap
 from .search import Problem
 

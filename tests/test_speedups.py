@@ -48,7 +48,7 @@ def test_walk_matches_reshard_path_exactly(objective, gathers_free):
     ``gathers_free``, those of a uniform tensor's paths (its all-to-alls only)."""
     import numpy as np
 
-    from jaxpar.reshard import LinearTables, _walk_batch, _walk_linear
+    from jaxpar.reshard_tables import LinearTables, _walk_batch, _walk_linear
 
     rng = random.Random(1)
     for mesh in (
@@ -87,7 +87,7 @@ def test_dense_reshard_patterns_equal_pair_by_pair(objective, gathers_free):
     import itertools
 
     from jaxpar.configs import spec_of
-    from jaxpar.reshard import WALK_BATCH, LinearTables
+    from jaxpar.reshard_tables import WALK_BATCH, LinearTables
 
     mesh = _mesh4()
     table = LinearTables(mesh, objective, gathers_free)
