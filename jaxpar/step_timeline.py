@@ -5,20 +5,17 @@ them (docs/design.md, "Overlapped step"): nodes list-scheduled in program order 
 stream, their reshards and collectives on the communication stream, the all-reduces XLA's
 combiner merges as one collective, and the loops whose iterations overlap one another's
 collectives (XLA's collective pipeliner, or a scan run in line: `pipelining`, `_rounds`).
+``ctx`` is an `evaluate.EvalContext` and ``colls`` are `evaluate.Collective` records (not
+imported: evaluate imports this module).
 
 Pure: no jax import.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .collectives import ALL_REDUCE
 from .graph import SCAN_SLICE, SCAN_STACK
 from .overlap import COMM, COMPUTE, Timeline, list_schedule
-
-if TYPE_CHECKING:
-    from .evaluate import Collective, EvalContext
 
 # Nodes that only change a tensor's shape, order or type: XLA's collective pipeliner moves an
 # all-reduce across iterations through them (`pipelining`)
@@ -267,7 +264,7 @@ def _latest(line: Timeline, tasks: dict[int, int], v: int, task: int | None) -> 
         tasks[v] = task
 
 
-def pipelining(ctx: EvalContext) -> tuple[frozenset[int], frozenset[int]]:
+def pipelining(ctx) -> tuple[frozenset[int], frozenset[int]]:
     """What XLA's collective pipeliner moves in the loops of ``ctx.pipelined`` (kept in
     ``ctx.memo``; empty sets when none is):
 
@@ -309,7 +306,7 @@ def pipelining(ctx: EvalContext) -> tuple[frozenset[int], frozenset[int]]:
     return ctx.memo["pipelining"]
 
 
-def _combined_groups(order: list[int], colls: list[Collective], own_of) -> tuple[dict, dict]:
+def _combined_groups(order: list[int], colls: list, own_of) -> tuple[dict, dict]:
     """The combined all-reduces of more than one member, as group -> (its members' nodes, its
     collectives), and node -> its groups. One collective takes every operand, so it starts
     once its last member has run."""
@@ -330,7 +327,7 @@ def _combined_groups(order: list[int], colls: list[Collective], own_of) -> tuple
     return groups, member_of
 
 
-def _stream_order(ctx: EvalContext) -> tuple[list, dict, list, list, dict]:
+def _stream_order(ctx) -> tuple[list, dict, list, list, dict]:
     """What the timeline of every assignment shares (kept in ``ctx.memo``): the nodes that run,
     in program order (an argument's node is ready at the start; the optimizer updates that
     joined it run where its last member does), the reads each waits on, the deferred reads
