@@ -103,9 +103,10 @@ class Region:
         """Body copies per iteration of the while loop XLA runs (a scan's ``unroll``: JAX's
         `_scan_impl` runs ``trips // unroll`` iterations of ``unroll`` copies and the remainder
         after the loop)."""
-        if self.kind != SCAN or self.unroll is True:
-            return 1 if self.kind != SCAN else max(1, self.trips)
-        return max(1, min(int(self.unroll), self.trips)) if int(self.unroll) > 0 else self.trips
+        if self.kind != SCAN:
+            return 1
+        unroll = self.trips if self.unroll is True else int(self.unroll)
+        return max(1, min(unroll, self.trips) if unroll > 0 else self.trips)
 
     @property
     def iterations(self) -> int:

@@ -250,12 +250,9 @@ def _moved_members(program, nodes, members: list[int], behind, runs: int) -> set
 def _lags(program, region: int, runs: int) -> bool:
     """Whether an all-reduce of a pipelined region (of ``runs`` per step) runs behind its
     round: always in a loop; in a scan run in line, when its copies make more than one
-    all-reduce (one of them all waits for the last copy: `schedule_step` issues it where the scan
-    ends)."""
-    if program.regions[region].iterations:
-        return True
-    copies = program.trips(region) // program.trips(program.computation(region))
-    return _rounds(program, region, runs) >= min(copies, 2)
+    all-reduce (one of them all waits for the last copy: `schedule_step` issues it where the
+    scan ends)."""
+    return bool(program.regions[region].iterations) or _rounds(program, region, runs) > 1
 
 
 def _latest(line: Timeline, tasks: dict[int, int], v: int, task: int | None) -> None:

@@ -322,16 +322,13 @@ class CostTables:
     # the read tables and the layouts of every read under each configuration (a cache the
     # bounds and the evaluations share)
     reshards: ReshardTables = dataclasses.field(compare=False, repr=False)
-    exact_part: Problem | None = dataclasses.field(default=None, compare=False, repr=False)
+    # every term but the fallback tensors' reads (``problem`` itself when there are none)
+    exact_part: Problem = dataclasses.field(compare=False, repr=False)
 
     @property
     def exact(self) -> bool:
         """Whether ``problem``'s objective is the reported cost of every assignment."""
         return not self.fallback
-
-    @property
-    def fallback_tensors(self) -> int:
-        return len(self.fallback)
 
     @functools.cached_property
     def bound(self) -> Problem:
@@ -341,19 +338,19 @@ class CostTables:
         if self.exact:
             return self.problem
         part = self.exact_part
-        out = Problem(list(part.unary), dict(part.edges), part.blocks, dict(part.factors))
+        out = Problem(list(self.bound_unary), dict(part.edges), part.blocks, dict(part.factors))
         shares: dict = {}
         for reads in self.fallback:
             for use in reads:
-                out.add_edge(use.src, use.dst, _share(self.reshards.table(use), len(reads), shares))
+                if use.src != use.dst:  # a read by its own node: in ``bound_unary``
+                    table = _share(self.reshards.table(use), len(reads), shares)
+                    out.add_edge(use.src, use.dst, table)
         return out
 
     @functools.cached_property
     def bound_unary(self) -> list[np.ndarray]:
-        """``bound``'s unary tables, without its edges (a fallback tensor read by the node
-        making it adds its diagonal)."""
-        if self.exact or "bound" in self.__dict__:
-            return self.bound.unary
+        """``bound``'s unary tables, without its edges: a fallback tensor read by the node
+        making it adds its diagonal at 1/k."""
         unary = list(self.exact_part.unary)
         for reads in self.fallback:
             for use in reads:
