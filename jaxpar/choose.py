@@ -25,13 +25,13 @@ from .configs import Config, node_configs
 from .evaluate import EvalContext, Evaluation, evaluate
 from .kcut import cut_order, kcut, project, recut_and_descend, restrict
 from .options import PlannerOptions
-from .search import Problem, eliminates, solve, solve_exact
+from .search import Problem, eliminates, graph_eliminates, solve, solve_exact
 from .tables import (
     ReshardTables,
     combined_sync_problem,
     node_tables,
     pairwise_bound,
-    pairwise_skeleton,
+    pairwise_graph,
 )  # fmt: skip
 
 Tick = Callable[[str], None]
@@ -224,7 +224,10 @@ def _run_elimination(
     else:
         if sol.optimal:  # the same graph: it eliminates too
             bound = narrow(tables.bound)
-        elif eliminates(narrow(pairwise_skeleton(ctx.ng, tables)), budget.table, budget.enum)[0]:
+        elif graph_eliminates(
+            *narrow_graph(pairwise_graph(ctx.ng, tables), tables.configs, space, tying),
+            budget.table, budget.enum,
+        ):  # fmt: skip
             bound = narrow(pairwise_bound(ctx.ng, tables))  # priced only if useful
         else:
             bound = None
@@ -237,6 +240,22 @@ def _run_elimination(
     elif tying is not None:
         found = [tying.expand(a) for a in found]
     return found, sol.optimal, lower, stats
+
+
+def narrow_graph(
+    pairs: set[tuple[int, int]],
+    configs: Sequence[Sequence[Config]],
+    space: list[list[int]] | None,
+    tying: Tying | None,
+) -> tuple[list[int], set[tuple[int, int]]]:
+    """A problem's graph (``pairs`` over nodes) as its narrowed problem's (`narrow`):
+    configurations per variable, and the edges between variables (a tied class's own edges
+    fold into its unary table)."""
+    sizes = [len(c) for c in narrow_configs(configs, space, tying)]
+    if tying is None:
+        return sizes, pairs
+    var = tying.var_of
+    return sizes, {(var[i], var[j]) for i, j in pairs if var[i] != var[j]}
 
 
 def narrow_configs(

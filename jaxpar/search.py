@@ -28,7 +28,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -202,25 +202,7 @@ class _Eliminator:
         cheapest-table-first order as `run`, then the residual's size against ``enum_budget``.
         Also returns the residual graph (node -> neighbours)."""
         adj = {v: set(near) for v, near in self.adj.items()}
-        logs, log_budget = self.log_sizes, math.log(table_budget)
-        size_log = lambda v: logs[v] + sum(logs[u] for u in adj[v])
-        version = dict.fromkeys(adj, 0)
-        heap = [(size_log(v), len(adj[v]), v, 0) for v in adj]
-        heapq.heapify(heap)
-        while heap:
-            tl, _, v, ver = heapq.heappop(heap)
-            if v not in adj or ver != version[v]:
-                continue
-            if tl > log_budget:
-                break
-            rest = adj.pop(v)
-            for u in rest:
-                adj[u].discard(v)
-                adj[u].update(w for w in rest if w != u)
-            for u in rest:
-                version[u] += 1
-                heapq.heappush(heap, (size_log(u), len(adj[u]), u, version[u]))
-        return sum(logs[v] for v in adj) <= math.log(enum_budget), adj
+        return _fits(adj, self.log_sizes, table_budget, enum_budget), adj
 
     def table_log(self, v: int) -> float:
         """log of the size of the table eliminating ``v`` would create."""
@@ -301,6 +283,51 @@ class _Eliminator:
         """Choose each eliminated node given its neighbours, in reverse order."""
         for v, rest, arg in reversed(self.eliminated):
             assign[v] = int(arg[tuple(assign[u] for u in rest)]) if rest else int(arg)
+
+
+def _fits(
+    adj: dict[int, set[int]], logs: dict[int, float], table_budget: float, enum_budget: float
+) -> bool:
+    """`_Eliminator.fits` on the graph ``adj`` (node -> neighbours; consumed: what remains is
+    the residual) with ``logs[v]`` = log of v's configurations."""
+    log_budget = math.log(table_budget)
+    size_log = lambda v: logs[v] + sum(logs[u] for u in adj[v])
+    version = dict.fromkeys(adj, 0)
+    heap = [(size_log(v), len(adj[v]), v, 0) for v in adj]
+    heapq.heapify(heap)
+    while heap:
+        tl, _, v, ver = heapq.heappop(heap)
+        if v not in adj or ver != version[v]:
+            continue
+        if tl > log_budget:
+            break
+        rest = adj.pop(v)
+        for u in rest:
+            adj[u].discard(v)
+            adj[u].update(w for w in rest if w != u)
+        for u in rest:
+            version[u] += 1
+            heapq.heappush(heap, (size_log(u), len(adj[u]), u, version[u]))
+    return sum(logs[v] for v in adj) <= math.log(enum_budget)
+
+
+def graph_eliminates(
+    sizes: Sequence[int],
+    pairs: Iterable[tuple[int, int]],
+    table_budget: float,
+    enum_budget: float,
+) -> bool:
+    """`eliminates` for a pairwise problem given by its graph alone (no tables): ``sizes[v]``
+    configurations of node v, ``pairs`` its edges. Nodes with one configuration are held
+    fixed, as `solve_exact` holds them, and edges to them leave the graph."""
+    free = [v for v, n in enumerate(sizes) if n > 1]
+    adj: dict[int, set[int]] = {v: set() for v in free}
+    for i, j in pairs:
+        if i != j and sizes[i] > 1 and sizes[j] > 1:
+            adj[i].add(j)
+            adj[j].add(i)
+    logs = {v: math.log(sizes[v]) for v in free}
+    return _fits(adj, logs, table_budget, enum_budget)
 
 
 def eliminates(

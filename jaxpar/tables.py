@@ -443,15 +443,10 @@ def _share(table: np.ndarray, k: int, memo: dict) -> np.ndarray:
     return memo[key][1]
 
 
-def pairwise_skeleton(ng: NodeGraph, tables: CostTables) -> Problem:
-    """`pairwise_bound`'s graph with zero tables (views, no memory): to decide whether it would
-    eliminate before pricing it."""
-    out = Problem(list(tables.bound_unary), {}, tables.problem.blocks)
-    for reads in reads_by_tensor(ng, tables.uses):
-        for use in reads:
-            shape = (len(tables.configs[use.src]), len(tables.configs[use.dst]))
-            out.add_edge(use.src, use.dst, np.broadcast_to(0.0, shape))
-    return out
+def pairwise_graph(ng: NodeGraph, tables: CostTables) -> set[tuple[int, int]]:
+    """`pairwise_bound`'s graph, (reader's producer, reader) per read, without pricing it: to
+    decide whether it would eliminate (`search.graph_eliminates`) before building its tables."""
+    return {(use.src, use.dst) for reads in reads_by_tensor(ng, tables.uses) for use in reads}
 
 
 def phase_blocks(ng: NodeGraph) -> list[list[int]]:

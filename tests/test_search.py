@@ -155,3 +155,41 @@ def test_add_factor_orders_its_nodes():
     assert evaluate(p, [1, 2, 3]) == table[3, 1, 2]
     with pytest.raises(ValueError, match="distinct"):
         p.add_factor((0, 0, 1), np.zeros((2, 2, 3)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_graph_eliminates_decides_as_the_priced_problem(seed):
+    """`graph_eliminates` (no tables) answers as `eliminates` on the problem with tables, for
+    random graphs with fixed (one-configuration) nodes and budgets on both sides of the line;
+    and the tied graph (`choose.narrow_graph`) as the tied problem (`Tying.reduce`)."""
+    from jaxpar.blocks import Tying
+    from jaxpar.choose import narrow_graph
+    from jaxpar.search import eliminates, graph_eliminates
+
+    rng = np.random.default_rng(seed)
+    n = 14
+    pairs = {tuple(sorted(rng.choice(n, 2, replace=False).tolist())) for _ in range(24)}
+    p = random_problem(rng, n, sorted(pairs), max_c=5)
+    sizes = [len(u) for u in p.unary]
+    answers = set()
+    for table in (4, 30, 300, 1e5):
+        for enum in (1, 50, 1e6):
+            want = eliminates(p, table, enum)[0]
+            assert graph_eliminates(sizes, pairs, table, enum) == want
+            answers.add(want)
+    assert answers == {True, False}  # the budgets straddle the line
+    # tie node k + 7 to node k (k < 7) where both have the same number of configurations
+    var_of = list(range(n))
+    for k in range(7):
+        if sizes[k] == sizes[k + 7]:
+            var_of[k + 7] = k
+    reps = sorted(set(var_of))
+    classes = tuple((r, *(v for v in range(n) if var_of[v] == r and v != r)) for r in reps)
+    tying = Tying(classes, tuple(reps.index(var_of[v]) for v in range(n)), (("f", 2),))
+    configs = [list(range(s)) for s in sizes]
+    tied_sizes, tied_pairs = narrow_graph(pairs, configs, None, tying)
+    reduced = tying.reduce(p)
+    for table in (4, 30, 300):
+        for enum in (1, 50):
+            want = eliminates(reduced, table, enum)[0]
+            assert graph_eliminates(tied_sizes, tied_pairs, table, enum) == want
