@@ -95,11 +95,25 @@ class Tying:
         """The full assignment of a reduced one."""
         return [reduced[v] for v in self.var_of]
 
-    def reduce(self, problem: Problem) -> Problem:
+    def reduce(self, problem: Problem, tables: ReducedTables | None = None) -> Problem:
         """The problem over the variables: tables of tied nodes summed (a table between two
-        nodes of one class contributes its diagonal)."""
-        unary = [sum(problem.unary[v] for v in c) for c in self.classes]
-        out = Problem([np.array(u, dtype=np.float64) for u in unary], {}, [])
+        nodes of one class contributes its diagonal). ``tables``: `reduce_tables` of a problem
+        with the same edges, factors and blocks as ``problem`` (only the unary tables differ),
+        reused instead of summed again."""
+        tables = tables or self.reduce_tables(problem)
+        unary = [np.array(sum(problem.unary[v] for v in c), dtype=np.float64) for c in self.classes]
+        for v, extra in tables.unary_terms:
+            unary[v] = unary[v] + extra
+        return Problem(
+            unary, dict(tables.edges), [list(b) for b in tables.blocks], dict(tables.factors)
+        )
+
+    def reduce_tables(self, problem: Problem) -> ReducedTables:
+        """What `reduce` makes of ``problem``'s edges, factors and blocks, which its unary
+        tables do not change."""
+        # the reduced problem of zero unary tables: what the edges and factors add to unary
+        out = Problem([np.zeros(len(problem.unary[c[0]])) for c in self.classes], {}, [])
+        terms: list[tuple[int, np.ndarray]] = []
         # per variable pair (a < b), its tables with their multiplicities: the copies of a layer
         # mostly share one table object (`tables.ReshardTables` caches reads alike), and the
         # tables are large (1.6 G entries for unrolled llama3_8b on four mesh axes)
@@ -107,7 +121,7 @@ class Tying:
         for (i, j), table in problem.edges.items():
             a, b = self.var_of[i], self.var_of[j]
             if a == b:
-                out.add_edge(a, b, table)
+                terms.append((a, np.diag(table)))
                 continue
             flip = a > b
             seen = parts.setdefault((b, a) if flip else (a, b), {})
@@ -130,14 +144,28 @@ class Tying:
             letters = string.ascii_letters
             spec = "".join(letters[distinct.index(x)] for x in variables)
             target = "".join(letters[k] for k in range(len(distinct)))
-            out.add_factor(tuple(distinct), np.einsum(f"{spec}->{target}", table))
-        seen: set[tuple[int, ...]] = set()
+            if len(distinct) == 1:  # a unary table of the variable
+                terms.append((distinct[0], np.einsum(f"{spec}->{target}", table)))
+            else:
+                out.add_factor(tuple(distinct), np.einsum(f"{spec}->{target}", table))
+        seen_blocks: set[tuple[int, ...]] = set()
         for block in problem.blocks:
             reduced = tuple(sorted({self.var_of[v] for v in block}))
-            if reduced and reduced not in seen:
-                seen.add(reduced)
+            if reduced and reduced not in seen_blocks:
+                seen_blocks.add(reduced)
                 out.blocks.append(list(reduced))
-        return out
+        return ReducedTables(out.edges, out.factors, tuple(out.blocks), tuple(terms))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducedTables:
+    """`Tying.reduce_tables`: a reduced problem's edges, factors and blocks, and what its
+    edges within one class and factors over one variable add to the unary tables, in order."""
+
+    edges: dict[tuple[int, int], np.ndarray]
+    factors: dict[tuple[int, ...], np.ndarray]
+    blocks: tuple[list[int], ...]
+    unary_terms: tuple[tuple[int, np.ndarray], ...]
 
 
 def find_repeats(

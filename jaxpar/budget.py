@@ -175,7 +175,7 @@ def fit_budget(
         seen.add(run.assignment, None, run.evaluation)
     base, tying = ctx.tables.problem, choice.tying
     if tying is not None:  # search the tied space, as `choose` did
-        base = tying.reduce(base)
+        base = tying.reduce(base, choice.tied_tables)
     proxy = _Proxy(model, ctx.tables.problem.num_nodes)
     proxy.add(first_peak)
     # descent from the best start only: the starts are the latest λ's solution and the fastest

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .baselines import BASELINES, baseline_assignment, hypar_space
-from .blocks import MIN_TIED_NODES, Tying, find_repeats
+from .blocks import MIN_TIED_NODES, ReducedTables, Tying, find_repeats
 from .configs import Config, node_configs
 from .evaluate import EvalContext, Evaluation, evaluate
 from .kcut import cut_order, kcut, project, recut_and_descend, restrict
@@ -28,6 +28,7 @@ from .options import PlannerOptions
 from .search import Problem, eliminates, graph_eliminates, solve, solve_exact
 from .tables import (
     ReshardTables,
+    add_read,
     combined_sync_problem,
     node_tables,
     pairwise_bound,
@@ -66,6 +67,8 @@ class Choice:
     baselines: dict[str, tuple[tuple[int, ...], Evaluation]]  # data / model / owt
     fell_back_to: str | None  # a baseline that beat the search under the reported cost
     tying: Tying | None = None  # repeated layers searched as one (`optimal` is within that space)
+    # with a tying: the tied problem's tables (`Tying.reduce_tables` of ``tables.problem``)
+    tied_tables: ReducedTables | None = None
     # objective "overlap": the exact lower bound of OptCNN Eq. 1 the searches found (their
     # certificate; `lower_bound` is then `overlap_lower_bound`). The chosen plan's overlapped step
     # is at most the Eq. 1 plan's, which is at most that plan's Eq. 1 step.
@@ -116,19 +119,21 @@ def choose(
     elif options.share_blocks is not False:
         least = MIN_TIED_NODES if options.share_blocks is None else 0
         tying = find_repeats(ng, tables.configs, ctx.labels, least)
+    # the tied problem's tables, summed once for every problem with ``tables.problem``'s edges
+    shared = tying.reduce_tables(tables.problem) if tying is not None else None
     runs: dict[str, SearchRun] = {}
     lower = None
     for name in options.searches():
         t0 = time.perf_counter()
         if name == "kcut":
             assignment, exact, stats = _run_kcut(
-                ctx, options, space, tying, list(base.values()), tick
+                ctx, options, space, tying, shared, list(base.values()), tick
             )
             candidates = [assignment]
         else:
             extra = [runs["kcut"].assignment] if "kcut" in runs else []
             candidates, exact, lower, stats = _run_elimination(
-                ctx, options, space, tying, [*base.values(), *extra], tick
+                ctx, options, space, tying, shared, [*base.values(), *extra], tick
             )
             candidates += extra  # k-cut's plan: elimination reports nothing worse
         evals = [(tuple(a), priced(a)) for a in candidates]
@@ -152,7 +157,7 @@ def choose(
     optimal = reaches(evaluation.objective, lower)
     return Choice(
         options.strategy, assignment, evaluation, optimal, lower, runs, baselines, fell_back,
-        tying, step_lower,
+        tying, step_lower, shared,
     )  # fmt: skip
 
 
@@ -171,6 +176,7 @@ def _run_elimination(
     options: PlannerOptions,
     space: list[list[int]] | None,
     tying: Tying | None,
+    shared: ReducedTables | None,
     starts: list[Sequence[int]],
     tick: Tick,
 ) -> tuple[list[list[int]], bool, float | None, dict]:
@@ -187,10 +193,12 @@ def _run_elimination(
     """
     tables, budget = ctx.tables, options.budget
 
-    def narrow(p: Problem) -> Problem:
+    def narrow(p: Problem, same_edges: bool = False) -> Problem:
+        """``p`` over the searched variables (``same_edges``: ``p`` has ``tables.problem``'s
+        edges, factors and blocks, so the tied tables are ``shared``)."""
         if space is not None:
             return restrict(p, space)
-        return tying.reduce(p) if tying is not None else p
+        return tying.reduce(p, shared if same_edges else None) if tying is not None else p
 
     if space is not None:
         starts = [p for p in (project(s, space) for s in starts) if p is not None]
@@ -201,7 +209,7 @@ def _run_elimination(
         unit = f"{value / 1e6:.3f} MB" if options.objective == "comm" else f"{value * 1e3:.4f} ms"
         tick(f"descent from start {start}/{starts}, round {rounds}: {unit}")
 
-    problem = narrow(tables.problem)
+    problem = narrow(tables.problem, same_edges=True)
     sol = solve(problem, starts=starts, budget=budget, on_round=on_round)
     found, lower, stats = [sol.assignment], None, dict(sol.stats)
     stats["objective"] = sol.objective
@@ -215,7 +223,9 @@ def _run_elimination(
         stats["recut_objective"] = value
     if ctx.params.objective == "overlap":  # one more candidate: gradient syncs combined
         combined = combined_sync_problem(ctx.ng, tables, ctx.params, ctx.batch, ctx.combiner)
-        alt = solve(narrow(combined), starts=[*starts, sol.assignment], budget=budget)
+        alt = solve(
+            narrow(combined, same_edges=True), starts=[*starts, sol.assignment], budget=budget
+        )
         found.append(alt.assignment)
         stats["combined_sync_objective"] = alt.objective
     t0 = time.perf_counter()
@@ -275,6 +285,7 @@ def _run_kcut(
     options: PlannerOptions,
     space: list[list[int]] | None,
     tying: Tying | None,
+    shared: ReducedTables | None,
     starts: list[Sequence[int]],
     tick: Tick,
 ) -> tuple[list[int], bool, dict]:
@@ -298,7 +309,7 @@ def _run_kcut(
         starts = [[index[v][configs[v][a]] for v, a in enumerate(s)] for s in starts]
     problem, cut_configs = ext, ext_configs
     if tying is not None:  # one variable per class of repeated nodes
-        problem = tying.reduce(ext)
+        problem = tying.reduce(ext, shared if ext is tables.problem else None)
         cut_configs = [ext_configs[c[0]] for c in tying.classes]
         final = [final[c[0]] for c in tying.classes]
         starts = [tying.restrict(s) for s in starts]
@@ -332,5 +343,5 @@ def _unfiltered(ctx: EvalContext) -> tuple[list[list], Problem]:
     ext = Problem(unary=unary, edges={}, blocks=tables.problem.blocks)
     reshards = ReshardTables(ng, ext_configs, params)
     for use in tables.uses:
-        ext.add_edge(use.src, use.dst, reshards.table(use))
+        add_read(ext, reshards, use)
     return ext_configs, ext

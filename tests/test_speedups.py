@@ -1,5 +1,6 @@
 """Planning speed-ups that must not change any result."""
 
+import dataclasses
 import random
 
 import pytest
@@ -133,3 +134,47 @@ def test_shared_collective_prices_equal_each_nodes_own(objective):
             assert np.array_equal(own, unary), (name, node.index)
             shared += node.anchor >= 0 and not node.space.halo
         assert shared > 50
+
+
+@pytest.mark.golden
+def test_read_diagonals_and_shared_tied_tables_equal_the_full_ones():
+    """Two shortcuts give the same floats as what they replace, on an unrolled GPT over a
+    three-axis mesh: `ReshardTables.diagonal` of a read by the node making the tensor equals
+    the diagonal of its full table (built after, in a fresh cache), and `Tying.reduce` reusing
+    the tied tables of a problem with the same edges (`Tying.reduce_tables`) equals reducing
+    from scratch, for other unary tables too (the combined-sync candidate's)."""
+    import numpy as np
+
+    import jaxpar
+    import models
+    from jaxpar.blocks import find_repeats
+    from jaxpar.tables import ReshardTables
+
+    ex = models.get("gpt_small", small=True)
+    plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 2, "c": 2}, cluster="p100")
+    tables = plan.tables
+    fresh = ReshardTables(plan.ng, tables.configs, plan.params)
+    own = [u for u in tables.uses if u.src == u.dst]  # all read as made: zero diagonals
+    # and reads of each node's own 2-D tensors with their dims swapped, which move bytes
+    swapped = [
+        dataclasses.replace(u, dst_map=u.src_map[::-1])
+        for u in tables.uses
+        if u.src != u.dst and len(u.src_map) == 2 and len(set(u.src_map)) == 2
+    ]
+    swapped = [dataclasses.replace(u, dst=u.src) for u in swapped]
+    diagonals = [fresh.diagonal(u) for u in own + swapped]
+    assert len(own) > 50 and sum(d.any() for d in diagonals) > 5
+    for use, diagonal in zip(own + swapped, diagonals, strict=True):
+        assert np.array_equal(diagonal, np.diag(fresh.table(use)))
+    tying = find_repeats(plan.ng, tables.configs, plan.labels, 0)
+    assert tying is not None and tying.tied_nodes > 100
+    shared = tying.reduce_tables(tables.problem)
+    rng = np.random.default_rng(0)
+    for unary in (tables.problem.unary, [u + rng.random(len(u)) for u in tables.problem.unary]):
+        problem = dataclasses.replace(tables.problem, unary=list(unary))
+        fast, full = tying.reduce(problem, shared), tying.reduce(problem)
+        assert all(np.array_equal(a, b) for a, b in zip(fast.unary, full.unary, strict=True))
+        assert fast.edges.keys() == full.edges.keys() and fast.blocks == full.blocks
+        assert all(np.array_equal(fast.edges[k], full.edges[k]) for k in full.edges)
+        assert fast.factors.keys() == full.factors.keys()
+        assert all(np.array_equal(fast.factors[k], full.factors[k]) for k in full.factors)
