@@ -67,12 +67,12 @@ class Choice:
     baselines: dict[str, tuple[tuple[int, ...], Evaluation]]  # data / model / owt
     fell_back_to: str | None  # a baseline that beat the search under the reported cost
     tying: Tying | None = None  # repeated layers searched as one (`optimal` is within that space)
-    # with a tying: the tied problem's tables (`Tying.reduce_tables` of ``tables.problem``)
-    tied_tables: ReducedTables | None = None
     # objective "overlap": the exact lower bound of OptCNN Eq. 1 the searches found (their
     # certificate; `lower_bound` is then `overlap_lower_bound`). The chosen plan's overlapped step
     # is at most the Eq. 1 plan's, which is at most that plan's Eq. 1 step.
     step_lower_bound: float | None = None
+    # with a tying: the tied problem's tables (`Tying.reduce_tables` of ``tables.problem``)
+    tied_tables: ReducedTables | None = None
 
 
 def reaches(value: float, lower_bound: float | None) -> bool:
@@ -157,7 +157,7 @@ def choose(
     optimal = reaches(evaluation.objective, lower)
     return Choice(
         options.strategy, assignment, evaluation, optimal, lower, runs, baselines, fell_back,
-        tying, step_lower, shared,
+        tying, step_lower, tied_tables=shared,
     )  # fmt: skip
 
 

@@ -535,19 +535,42 @@ def combined_sync_problem(
     """
     problem = tables.problem
     unary = []
+    memo: dict[tuple, np.ndarray] = {}  # a layer's copies save alike
     for node, cfgs, u in zip(ng.nodes, tables.configs, problem.unary, strict=True):
         if node.phase != BACKWARD or not set(node.space.reduce_dims) & batch[node.index]:
             unary.append(u)  # never a gradient all-reduce (`is_grad_sync`)
             continue
-        saved = np.zeros(len(cfgs))
-        for i, cfg in enumerate(cfgs):
-            if not may_communicate(node, cfg) or not is_grad_sync(node, cfg, batch[node.index]):
-                continue
-            for c in node_collectives(ng, node, cfg, params.mesh):
-                if c.kind != ALL_REDUCE or c.group_size < 2:  # one device: nothing to send
-                    continue
-                n, _, latency = params.mesh.group(c.axes)
-                share = combiner.latency_share(all_reduce_buffer(c.nbytes, n))
-                saved[i] += latency * ring_steps(ALL_REDUCE, n) * (1 - share)
-        unary.append(u - saved * ng.program.trips(node.region))
+        space = node.space  # what the saving reads of the node (`node_collectives`)
+        outputs = ng.program.eqns[node.anchor].outputs if node.anchor >= 0 else ()
+        key = (
+            node.anchor >= 0, space.out_maps, space.reduce_dims, space.communicating_dims,
+            frozenset(batch[node.index]), tuple(ng.program.tensors[t].nbytes for t in outputs),
+            tuple(cfgs),
+        )  # fmt: skip
+        if key not in memo:
+            memo[key] = _latency_saved(ng, node, cfgs, params, batch[node.index], combiner)
+        unary.append(u - memo[key] * ng.program.trips(node.region))
     return Problem(unary, dict(problem.edges), list(problem.blocks), dict(problem.factors))
+
+
+def _latency_saved(
+    ng: NodeGraph,
+    node: Node,
+    cfgs: Sequence[Config],
+    params: CostParams,
+    batch: set[int],
+    combiner: Combiner,
+) -> np.ndarray:
+    """Per configuration of a backward node, α · ring_steps · (1 − share) summed over its
+    gradient all-reduces: the latency the combiner saves them (`combined_sync_problem`)."""
+    saved = np.zeros(len(cfgs))
+    for i, cfg in enumerate(cfgs):
+        if not may_communicate(node, cfg) or not is_grad_sync(node, cfg, batch):
+            continue
+        for c in node_collectives(ng, node, cfg, params.mesh):
+            if c.kind != ALL_REDUCE or c.group_size < 2:  # one device: nothing to send
+                continue
+            n, _, latency = params.mesh.group(c.axes)
+            share = combiner.latency_share(all_reduce_buffer(c.nbytes, n))
+            saved[i] += latency * ring_steps(ALL_REDUCE, n) * (1 - share)
+    return saved

@@ -324,6 +324,14 @@ def test_repeated_layers_are_searched_once():
     for cls in tying.classes:
         assert len({plan.assignment[v] for v in cls}) == 1
     assert "repeated layers" in plan.report()
+    # under a budget the plan does not fit, the budget's search reuses the tied tables
+    assert plan.choice.tied_tables is not None
+    opts = jaxpar.PlannerOptions(share_blocks=True, memory_budget=0.8 * plan.memory.peak)
+    tight = jaxpar.plan(ex.step, *ex.args, mesh=mesh, options=opts)
+    assert tight.memory.fits and tight.memory.peak < plan.memory.peak
+    assert tight.stats["budget_solves"] > 0
+    for cls in tight.choice.tying.classes:
+        assert len({tight.assignment[v] for v in cls}) == 1
     free = jaxpar.plan(
         ex.step, *ex.args, mesh=mesh, options=jaxpar.PlannerOptions(share_blocks=False)
     )

@@ -178,3 +178,32 @@ def test_read_diagonals_and_shared_tied_tables_equal_the_full_ones():
         assert all(np.array_equal(fast.edges[k], full.edges[k]) for k in full.edges)
         assert fast.factors.keys() == full.factors.keys()
         assert all(np.array_equal(fast.factors[k], full.factors[k]) for k in full.factors)
+
+
+@pytest.mark.golden
+def test_combined_sync_savings_shared_by_alike_nodes_equal_each_nodes_own():
+    """`combined_sync_problem` prices the latency a layer's copies save once for nodes alike:
+    every unary table equals the one priced node by node (`tables._latency_saved`), bit for
+    bit, on a GPT over three mesh axes; some nodes save."""
+    import numpy as np
+
+    import jaxpar
+    import models
+    from jaxpar.graph import BACKWARD
+    from jaxpar.tables import _latency_saved, combined_sync_problem
+
+    ex = models.get("gpt_small", small=True)
+    plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 2, "c": 2}, cluster="dgx-h100")
+    ctx = plan.eval_context()
+    combined = combined_sync_problem(ctx.ng, ctx.tables, ctx.params, ctx.batch, ctx.combiner)
+    saving = 0
+    for node, cfgs, u, w in zip(
+        ctx.ng.nodes, ctx.tables.configs, ctx.tables.problem.unary, combined.unary, strict=True
+    ):
+        own = np.zeros(len(cfgs))
+        if node.phase == BACKWARD:
+            batch = ctx.batch[node.index]
+            own = _latency_saved(ctx.ng, node, cfgs, ctx.params, batch, ctx.combiner)
+        assert np.array_equal(w, u - own * ctx.ng.program.trips(node.region))
+        saving += bool(own.any())
+    assert saving > 10
