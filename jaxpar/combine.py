@@ -73,7 +73,15 @@ class AllReduceItem:
 def item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list[int]:
     """Per item, the bitmask over ``items`` of those whose equations' results its equation reads,
     directly or through other equations: one walk in program order (a topological order), each
-    tensor carrying the mask of the items upstream of it."""
+    tensor carrying the mask of the items upstream of it. Kept in ``program.memo`` per sequence
+    of the items' equations: plans alike all-reduce at the same equations."""
+    key = ("item dependencies", tuple(it.eqn for it in items))
+    if key not in program.memo:
+        program.memo[key] = tuple(_item_dependencies(program, items))
+    return list(program.memo[key])
+
+
+def _item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list[int]:
     items_of: dict[int, int] = {}  # per equation, the bitmask of its items
     for i, it in enumerate(items):
         items_of[it.eqn] = items_of.get(it.eqn, 0) | 1 << i
