@@ -111,8 +111,8 @@ class Tying:
     def reduce_tables(self, problem: Problem) -> ReducedTables:
         """What `reduce` makes of ``problem``'s edges, factors and blocks, which its unary
         tables do not change."""
-        # the reduced problem of zero unary tables: what the edges and factors add to unary
-        out = Problem([np.zeros(len(problem.unary[c[0]])) for c in self.classes], {}, [])
+        # edges and factors only: what they add to a variable's unary table goes to ``terms``
+        out = Problem([], {}, [])
         terms: list[tuple[int, np.ndarray]] = []
         # per variable pair (a < b), its tables with their multiplicities: the copies of a layer
         # mostly share one table object (`tables.ReshardTables` caches reads alike), and the

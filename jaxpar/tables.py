@@ -171,13 +171,13 @@ class ReshardTables:
         read = self._read(use)
         if read is None:
             return np.zeros((len(self.configs[use.src]), len(self.configs[use.dst])))
-        if read[0] not in self.done:
+        if read not in self.done:
             small, si, di = self._layout_table(use, read)
             # rows, then columns: a sixth of the time of one gather at ``np.ix_(si, di)``
             out = small.take(si, axis=0).take(di, axis=1)
             out.flags.writeable = False  # shared by every read alike
-            self.done[read[0]] = out
-        return self.done[read[0]]
+            self.done[read] = out
+        return self.done[read]
 
     def diagonal(self, use: EdgeUse) -> np.ndarray:
         """``np.diag(table(use))`` of a read by the node making the tensor (``use.src ==
@@ -185,17 +185,18 @@ class ReshardTables:
         read = self._read(use)
         if read is None:
             return np.zeros(len(self.configs[use.src]))
-        if read[0] in self.done:
-            return np.diag(self.done[read[0]])
-        key = ("diagonal", *read[0])
+        if read in self.done:
+            return np.diag(self.done[read])
+        key = ("diagonal", *read)
         if key not in self.done:
             small, si, di = self._layout_table(use, read)
             self.done[key] = small[si, di]
         return self.done[key]
 
     def _read(self, use: EdgeUse) -> tuple | None:
-        """(the read's key, its gathers are free) for a read that moves bytes; None for an
-        opaque, scalar or empty tensor. Reads with one key have one table."""
+        """The read's key, (source layouts, reader layouts, bytes, trips, whether its gathers
+        are free), for a read that moves bytes; None for an opaque, scalar or empty tensor.
+        Reads with one key have one table."""
         tensor = self.ng.program.tensors[use.tensor]
         if tensor.opaque or not tensor.shape or not tensor.nbytes:
             return None
@@ -203,16 +204,15 @@ class ReshardTables:
         self.layouts(use.dst, use.dst_map)
         free = gathers_free(self.ng.program, use.tensor, self.devices)
         trips = self.ng.program.trips(use.context)
-        key = (
+        return (
             self.ids[(use.src, use.src_map)], self.ids[(use.dst, use.dst_map)], tensor.nbytes,
             trips, free,
         )  # fmt: skip
-        return key, free
 
     def _layout_table(self, use: EdgeUse, read: tuple) -> tuple[np.ndarray, ...]:
         """(t_X per (source layout, reader layout) of the read, each config's source layout,
         each config's reader layout)."""
-        (_, _, nbytes, trips, _), free = read
+        _, _, nbytes, trips, free = read
         src_specs, si = self.layouts(use.src, use.src_map)
         dst_specs, di = self.layouts(use.dst, use.dst_map)
         key = (tuple(src_specs), tuple(dst_specs), free)
