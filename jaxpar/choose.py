@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from .baselines import BASELINES, baseline_assignment, hypar_space
 from .blocks import MIN_TIED_NODES, ReducedTables, Tying, find_repeats
@@ -54,6 +54,37 @@ class SearchRun:
     stats: dict  # search statistics (method, rounds, cuts, ...)
 
 
+class Baselines(Mapping[str, tuple[tuple[int, ...], Evaluation]]):
+    """The hand plans (`BASELINES`): name -> (assignment, evaluation), each evaluated when
+    first read. `choose` reads only those whose `compute_floor` leaves them a chance to beat
+    the search; a report or a memory budget reads them all."""
+
+    def __init__(
+        self, assignments: dict[str, tuple[int, ...]], priced: Callable[[tuple], Evaluation]
+    ):
+        self.assignments = assignments
+        self._priced = priced  # memoized: a search's plan is often a baseline's
+
+    def __getitem__(self, name: str) -> tuple[tuple[int, ...], Evaluation]:
+        a = self.assignments[name]
+        return a, self._priced(a)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.assignments)
+
+    def __len__(self) -> int:
+        return len(self.assignments)
+
+
+def compute_floor(ctx: EvalContext, assignment: Sequence[int]) -> float | None:
+    """A lower bound of ``assignment``'s objective without evaluating it: Σ_v t_C(v). Eq. 1
+    adds every node's t_C, and the overlapped step runs each of them on its compute stream
+    (`overlap`; the bound `overlap_lower_bound` minimizes). None under "comm" (bytes)."""
+    if ctx.params.objective == "comm":
+        return None
+    return sum(float(comp[a]) for comp, a in zip(ctx.tables.compute, assignment, strict=True))
+
+
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """Stage result: the chosen assignment, its evaluation and certificate, the alternatives."""
@@ -64,7 +95,7 @@ class Choice:
     optimal: bool  # certified: reported objective == exact lower bound (within 1e-9)
     lower_bound: float | None  # exact minimum of the bound problem, when it was solved
     runs: dict[str, SearchRun]  # every search that ran
-    baselines: dict[str, tuple[tuple[int, ...], Evaluation]]  # data / model / owt
+    baselines: Baselines  # the hand plans, evaluated when read
     fell_back_to: str | None  # a baseline that beat the search under the reported cost
     tying: Tying | None = None  # repeated layers searched as one (`optimal` is within that space)
     # objective "overlap": the exact lower bound of OptCNN Eq. 1 the searches found (their
@@ -105,13 +136,10 @@ def choose(
         )
         for s in BASELINES
     }
-    base_eval = {s: priced(a) for s, a in base.items()}
-    baselines = {s: (base[s], base_eval[s]) for s in BASELINES}
+    baselines = Baselines(base, priced)
     if options.strategy not in ("auto", "hypar"):
         a = base[options.strategy]
-        return Choice(
-            options.strategy, a, base_eval[options.strategy], False, None, {}, baselines, None
-        )
+        return Choice(options.strategy, a, priced(a), False, None, {}, baselines, None)
     space = None  # per node, the configuration indices the strategy may use
     tying = None
     if options.strategy == "hypar":
@@ -152,8 +180,12 @@ def choose(
     # inside its space, i.e. data parallel)
     allowed = [s for s in BASELINES if space is None or project(base[s], space) is not None]
     for name in allowed:
-        if base_eval[name].objective < evaluation.objective * (1 - 1e-12):
-            assignment, evaluation, fell_back = base[name], base_eval[name], name
+        below = evaluation.objective * (1 - 1e-12)
+        floor = compute_floor(ctx, base[name])
+        if floor is not None and floor >= below:
+            continue  # it cannot beat the plan: no evaluation needed
+        if (ev := priced(base[name])).objective < below:
+            assignment, evaluation, fell_back = base[name], ev, name
     optimal = reaches(evaluation.objective, lower)
     return Choice(
         options.strategy, assignment, evaluation, optimal, lower, runs, baselines, fell_back,

@@ -207,3 +207,105 @@ def test_combined_sync_savings_shared_by_alike_nodes_equal_each_nodes_own():
         assert np.array_equal(w, u - own * ctx.ng.program.trips(node.region))
         saving += bool(own.any())
     assert saving > 10
+
+
+def _scanned_mlp():
+    """A tanh MLP scanned over stacked weights [4, 256, 256], SGD (pipelined below)."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(ws, x):
+        def loss(ws):
+            h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+            return jnp.mean(h**2)
+
+        return ws - 0.1 * jax.grad(loss)(ws)
+
+    f32 = jnp.float32
+    return step, (jax.ShapeDtypeStruct((4, 256, 256), f32), jax.ShapeDtypeStruct((64, 256), f32))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("case", ["mlp", "scanned_pipelined"])
+@pytest.mark.parametrize("objective", ["overlap", "time"])
+def test_compute_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
+    case, objective, monkeypatch
+):
+    """`choose.compute_floor` (Σ t_C) is at most the objective of 300 sampled plans and of
+    every hand plan; `choose` evaluates a hand plan only when its floor is below the plan it
+    chose, and one read later is priced exactly as `evaluate` prices it."""
+    import numpy as np
+
+    import jaxpar
+    import models
+    from jaxpar import choose
+    from jaxpar.evaluate import evaluate
+
+    seen = []
+
+    def counted(ctx, a):
+        seen.append(tuple(a))
+        return evaluate(ctx, a)
+
+    monkeypatch.setattr(choose, "evaluate", counted)
+    if case == "mlp":
+        ex = models.get("mlp")
+        step, args, options = ex.step, ex.args, None
+    else:
+        step, args = _scanned_mlp()
+        options = jaxpar.PlannerOptions(pipelined_loops=True)
+    plan = jaxpar.plan(step, *args, mesh={"node": 2, "gpu": 4}, cluster="dgx-h100",
+                       objective=objective, memory_budget=None, options=options)  # fmt: skip
+    ctx, chosen = plan.eval_context(), plan.evaluation.objective
+    baselines = plan.choice.baselines
+    skipped = [s for s, a in baselines.assignments.items() if a not in seen]
+    for name in skipped:
+        assert choose.compute_floor(ctx, baselines.assignments[name]) >= chosen * (1 - 1e-12)
+    assert len(seen) == len(set(seen))  # each plan evaluated once
+    for a, ev in baselines.values():  # read: evaluated now, the skipped ones included
+        fresh = evaluate(ctx, a)
+        assert ev.objective == fresh.objective and ev.cost == fresh.cost
+        assert choose.compute_floor(ctx, a) <= ev.objective * (1 + 1e-12)
+        assert chosen <= ev.objective * (1 + 1e-12)
+    rs = np.random.RandomState(0)
+    sizes = [len(c) for c in plan.tables.configs]
+    for _ in range(300):
+        a = [int(rs.randint(n)) for n in sizes]
+        assert choose.compute_floor(ctx, a) <= evaluate(ctx, a).objective * (1 + 1e-12)
+    if case == "mlp" and objective == "overlap":
+        assert skipped  # data parallel computes more than the plan's whole overlapped step
+
+
+@pytest.mark.api
+def test_collector_paused_restores_it_and_promotes_what_planning_made():
+    """`planner.collector_paused` turns the cyclic collector off inside and back on after; what
+    was made inside (cycles too) goes to the oldest generation, so no young collection walks it,
+    and a full collection still frees its cycles. A collector the caller turned off stays off."""
+    import gc
+    import weakref
+
+    from jaxpar.planner import collector_paused
+
+    class Node:
+        pass
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        keep = [[i] for i in range(50_000)]  # tracked, alive after
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle, unreachable once dropped
+        gone = weakref.ref(a)
+        del a, b
+    assert gc.isenabled()
+    assert gc.get_count()[0] < 1000  # not 50,000 objects in the youngest generation
+    assert gone() is not None  # the cycle waits for a full collection
+    gc.collect()
+    assert gone() is None and len(keep) == 50_000
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
