@@ -105,8 +105,13 @@ def baseline_assignment(
 
 def _index_of(cfgs: list[Config], *wanted: Config) -> int | None:
     """Index of the first of ``wanted`` among ``cfgs``."""
-    index = {c: i for i, c in enumerate(cfgs)}
+    index = _positions(tuple(cfgs))
     return next((index[w] for w in wanted if w in index), None)
+
+
+@functools.lru_cache(maxsize=4096)  # repeated layers have the same configurations
+def _positions(cfgs: tuple[Config, ...]) -> dict[Config, int]:
+    return {c: i for i, c in enumerate(cfgs)}
 
 
 def _sharded_state(
