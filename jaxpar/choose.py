@@ -60,17 +60,29 @@ class Baselines(Mapping[str, tuple[tuple[int, ...], Evaluation]]):
     the search; a report or a memory budget reads them all."""
 
     def __init__(
-        self, assignments: dict[str, tuple[int, ...]], priced: Callable[[tuple], Evaluation]
+        self,
+        assignments: dict[str, tuple[int, ...]],
+        ctx: EvalContext,
+        evaluated: dict[tuple[int, ...], Evaluation],
     ):
         self.assignments = assignments
-        self._priced = priced  # memoized: a search's plan is often a baseline's
+        self._ctx = ctx
+        self._evaluated = evaluated  # the search's evaluations, shared: a search's plan is
+        # often a hand plan
 
     def __getitem__(self, name: str) -> tuple[tuple[int, ...], Evaluation]:
         a = self.assignments[name]
-        return a, self._priced(a)
+        if a not in self._evaluated:
+            self._evaluated[a] = evaluate(self._ctx, a)
+        return a, self._evaluated[a]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.assignments)
+
+    def for_plan(self) -> Baselines:
+        """These hand plans without the search's `EvalContext.memo` (12 MB on unrolled
+        llama3_8b), to keep with the plan: one read later builds a memo of its own."""
+        return Baselines(self.assignments, dataclasses.replace(self._ctx, memo={}), self._evaluated)
 
     def __len__(self) -> int:
         return len(self.assignments)
@@ -136,7 +148,7 @@ def choose(
         )
         for s in BASELINES
     }
-    baselines = Baselines(base, priced)
+    baselines = Baselines(base, ctx, memo)
     if options.strategy not in ("auto", "hypar"):
         a = base[options.strategy]
         return Choice(options.strategy, a, priced(a), False, None, {}, baselines, None)

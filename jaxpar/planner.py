@@ -236,6 +236,7 @@ def _make_plan(fn, args, mesh, cluster, options, in_specs, progress) -> Plan:
         "search", fit_budget, ctx, options, model, budget, choice, clock.ticker("search")
     )
     clock.done("search", "certified optimal" if choice.optimal else "best found (not certified)")
+    choice = dataclasses.replace(choice, baselines=choice.baselines.for_plan())
     stats = plan_stats(clock, traced, tables, choice, options)
     stats.update(budget_bound=fit.bound, budget_solves=fit.solves, memory_budget=budget)
     return assemble(traced, target, analysis, tables, choice, options, stats, model, fit)

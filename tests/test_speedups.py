@@ -233,7 +233,8 @@ def test_compute_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
 ):
     """`choose.compute_floor` (Σ t_C) is at most the objective of 300 sampled plans and of
     every hand plan; `choose` evaluates a hand plan only when its floor is below the plan it
-    chose, and one read later is priced exactly as `evaluate` prices it."""
+    chose, and one read later is priced exactly as `evaluate` prices it (with a memo of its
+    own: the plan keeps none of the search's)."""
     import numpy as np
 
     import jaxpar
@@ -262,6 +263,7 @@ def test_compute_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
     for name in skipped:
         assert choose.compute_floor(ctx, baselines.assignments[name]) >= chosen * (1 - 1e-12)
     assert len(seen) == len(set(seen))  # each plan evaluated once
+    assert baselines._ctx.memo == {}  # the search's memo is not kept with the plan
     for a, ev in baselines.values():  # read: evaluated now, the skipped ones included
         fresh = evaluate(ctx, a)
         assert ev.objective == fresh.objective and ev.cost == fresh.cost
