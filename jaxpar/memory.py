@@ -257,6 +257,8 @@ class MemoryModel(BufferReads):
         if static is None:
             return
         is_arg, born, phase, external, made_by, fused = static
+        if not (external or fused or (self.cpu and t in self.producer_eqn and self._half(t))):
+            return  # read only where it is made, and no copy of it: no buffer of its own
         born = delayed.get(made_by, born)
         have = spec.get(t, ())
         if t in self.generated:  # computed from no data: XLA makes it in its readers' layout
