@@ -37,7 +37,8 @@ pricing memory into it (docs/design.md, "Memory budget"):
    4 ×; scanned llama3_70b at 0.25: 2,393 -> 2,330 ms, at 64 ×).
 3. Every plan seen — the solutions along λ and the hand plans (`baselines`), with the
    evaluations `choose` already made — is priced exactly (time by `evaluate`, memory by
-   liveness, estimated lazily in order of time), and the fastest that fits is returned.
+   liveness, estimated lazily in order of time; not at all for a plan whose arguments alone
+   pass the budget), and the fastest that fits is returned.
 
 The plan is then *not certified*: Lagrangian relaxation bounds the constrained optimum only
 under the linear proxy, and the exact peak is not linear. `Choice.optimal` is False and the
@@ -136,6 +137,13 @@ class _Seen:
             self.estimates[a], self.peaks[a] = self.model.estimate_with_peak(a, self.budget)
         return self.estimates[a]
 
+    def fits(self, a: tuple[int, ...]) -> bool:
+        """``estimate(a).fits``, without the walk when the arguments alone pass the budget
+        (`MemoryModel.arguments_exceed`: replicated state on a large model)."""
+        if a not in self.estimates and self.model.arguments_exceed(a, self.budget):
+            return False
+        return bool(self.estimate(a).fits)
+
     def searched(self, a: tuple[int, ...]) -> float:
         """What the Lagrangian problems price of ``a`` besides λ · bytes: the search's own
         objective (Eq. 1 under "overlap", whose step the plan is then chosen by)."""
@@ -145,7 +153,7 @@ class _Seen:
     def best_fit(self) -> tuple[int, ...] | None:
         """The fastest plan seen that fits (estimating in order of time until one fits)."""
         for a in sorted(self.evaluations, key=lambda a: self.evaluations[a].objective):
-            if self.estimate(a).fits:
+            if self.fits(a):
                 return a
         return None
 
@@ -278,7 +286,7 @@ def fit_budget(
             step_budget, step_starts = search_budget, ()
     if hi is not None:  # polish: the smallest λ that fit, the search's rounds from two starts
         # and from every hand plan that fits
-        fitting = [tuple(a) for a, _ in choice.baselines.values() if seen.estimate(tuple(a)).fits]
+        fitting = [tuple(a) for a, _ in choice.baselines.values() if seen.fits(tuple(a))]
         polish = dataclasses.replace(options.budget, max_starts=2 + len(fitting))
         solve_at(hi, polish, fitting, from_free=False)
         if ctx.params.objective == "overlap":

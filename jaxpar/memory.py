@@ -89,6 +89,7 @@ from .configs import Config, shard_count, spec_of
 from .graph import BACKWARD, FORWARD, UPDATE
 from .memory_estimate import ARG_KINDS, CPU_MODEL_MARGIN, MODEL_MARGIN, MemoryEstimate
 from .reshard import SLICE, reshard_path
+from .rules import DimMap
 
 COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
 # Positions in the liveness walk: equation i at i, a combined all-reduce after it at
@@ -120,6 +121,33 @@ class MemoryModel(BufferReads):
         live = frozenset(t for t, born, dies in record if max(born, 0) <= at <= max(dies, born))
         return estimate, live
 
+    def arguments_exceed(self, assignment: Sequence[int], budget: float) -> bool:
+        """Whether the arguments alone (every estimate's peak holds them whole) pass
+        ``budget`` less the margin: ``assignment`` cannot fit, and no walk is needed. The
+        same sum as `estimate`'s, so a peak it counts is never below it."""
+        configs = self.inp.configs
+        spec = {t: spec_of(m, configs[v][assignment[v]]) for t, (v, m) in self._arg_maps.items()}
+        margin = CPU_MODEL_MARGIN if self.cpu else MODEL_MARGIN
+        return sum(self._arguments(spec).values()) > budget * (1 - margin)
+
+    @functools.cached_property
+    def _arg_maps(self) -> dict[int, tuple[int, DimMap]]:
+        """Each argument's node and dim map: the last node mapping it, as `_walk` takes it."""
+        invars = set(self.inp.ng.program.invars)
+        return {
+            t: (node.index, m)
+            for node in self.inp.ng.nodes
+            for t, m in node.tensor_maps.items()
+            if t in invars
+        }
+
+    def _arguments(self, spec: dict[int, tuple]) -> dict[str, float]:
+        """Per argument kind (`ARG_KINDS`), the bytes per device of the arguments."""
+        args = dict.fromkeys(ARG_KINDS, 0.0)
+        for t in self.inp.ng.program.invars:
+            args[self.inp.arg_kinds.get(t, "other")] += self._bytes(t, spec.get(t, ()))
+        return args
+
     def _walk(
         self, assignment: Sequence[int], budget: float | None, record: list | None
     ) -> tuple[MemoryEstimate, int]:
@@ -132,9 +160,7 @@ class MemoryModel(BufferReads):
         for node in ng.nodes:
             for t, m in node.tensor_maps.items():
                 spec[t] = spec_of(m, cfg[node.index])
-        args = dict.fromkeys(ARG_KINDS, 0.0)
-        for t in program.invars:
-            args[inp.arg_kinds.get(t, "other")] += self._bytes(t, spec.get(t, ()))
+        args = self._arguments(spec)
         out_specs = {}
         for t in program.outvars:
             if t is not None:

@@ -311,3 +311,34 @@ def test_collector_paused_restores_it_and_promotes_what_planning_made():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.oracle
+def test_arguments_exceed_only_plans_that_cannot_fit():
+    """`MemoryModel.arguments_exceed` (the budget's search skips the liveness walk of a plan
+    whose arguments alone pass the budget) sums what `estimate` counts of the arguments, so
+    it holds exactly when that sum passes the budget less its margin, and such a plan never
+    fits; checked on 200 sampled plans at budgets just either side of each sum."""
+    import numpy as np
+
+    import jaxpar
+    import models
+
+    ex = models.get("gpt_small", small=True)
+    plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 4}, cluster="dgx-h100",
+                       memory_budget=None)  # fmt: skip
+    model = plan.memory_model
+    rs = np.random.RandomState(0)
+    sizes = [len(c) for c in plan.tables.configs]
+    exceeded = 0
+    for _ in range(200):
+        a = [int(rs.randint(n)) for n in sizes]
+        est = model.estimate(a, 1.0)
+        args = est.params + est.optimizer + est.batch + est.other_args
+        for budget in (args / (1 - est.margin) * (1 - 1e-6), args / (1 - est.margin) * (1 + 1e-6)):
+            over = model.arguments_exceed(a, budget)
+            assert over == (args > budget * (1 - est.margin))
+            if over:
+                exceeded += 1
+                assert not model.estimate(a, budget).fits
+    assert exceeded == 200
