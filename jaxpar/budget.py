@@ -38,7 +38,8 @@ pricing memory into it (docs/design.md, "Memory budget"):
 3. Every plan seen — the solutions along λ and the hand plans (`baselines`), with the
    evaluations `choose` already made — is priced exactly (time by `evaluate`, memory by
    liveness, estimated lazily in order of time; not at all for a plan whose arguments alone
-   pass the budget), and the fastest that fits is returned.
+   pass the budget), and the fastest that fits is returned. A hand plan is evaluated only
+   when that order reaches its compute floor and its arguments may fit.
 
 The plan is then *not certified*: Lagrangian relaxation bounds the constrained optimum only
 under the linear proxy, and the exact peak is not linear. `Choice.optimal` is False and the
@@ -51,10 +52,12 @@ Pure: numpy only.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import heapq
 import math
 from collections.abc import Callable
 
-from .choose import Choice
+from .choose import Choice, compute_floor
 from .evaluate import EvalContext, Evaluation, evaluate
 from .held import HeldBytes
 from .memory import MemoryModel
@@ -116,7 +119,9 @@ class _Proxy:
 class _Seen:
     """Every plan seen: its evaluation (given or by `evaluate`), its memory estimate (computed
     when first needed: a hand plan slower than a fitting plan is never estimated) and the λ
-    that found it."""
+    that found it. A hand plan is ``pending`` (not evaluated) until `best_fit` needs its time:
+    when its `choose.compute_floor` comes before every faster fitting plan, and its arguments
+    alone do not pass the budget."""
 
     def __init__(self, ctx: EvalContext, model: MemoryModel, budget: float):
         self.ctx, self.model, self.budget = ctx, model, budget
@@ -124,13 +129,31 @@ class _Seen:
         self.estimates: dict[tuple[int, ...], MemoryEstimate] = {}
         self.peaks: dict[tuple[int, ...], frozenset[int]] = {}  # tensors live at the peak
         self.lam: dict[tuple[int, ...], float | None] = {}
+        self.order: dict[tuple[int, ...], int] = {}  # when first seen: ties go to the earlier
+        # hand plans not evaluated yet: their floor, and how to evaluate them
+        self.pending: dict[tuple[int, ...], tuple[float, Callable[[], Evaluation]]] = {}
 
     def add(self, a, lam: float | None = None, evaluation: Evaluation | None = None):
         a = tuple(int(x) for x in a)
+        if a in self.pending:
+            _, evaluated = self.pending.pop(a)
+            evaluation = evaluation or evaluated()
         if a not in self.evaluations:
             self.evaluations[a] = evaluation or evaluate(self.ctx, a)
-            self.lam[a] = lam
+            self.lam.setdefault(a, lam)
+            self.order.setdefault(a, len(self.order))
         return a
+
+    def add_later(self, a, evaluated: Callable[[], Evaluation]) -> None:
+        """A hand plan, evaluated (``evaluated()``) only when `best_fit` needs its time."""
+        a = tuple(int(x) for x in a)
+        floor = compute_floor(self.ctx, a)
+        if floor is None:
+            self.add(a, None, evaluated())
+        elif a not in self.evaluations and a not in self.pending:
+            self.pending[a] = (floor, evaluated)
+            self.lam[a] = None
+            self.order[a] = len(self.order)
 
     def estimate(self, a: tuple[int, ...]) -> MemoryEstimate:
         if a not in self.estimates:
@@ -151,14 +174,25 @@ class _Seen:
         return ev.cost.step_s if self.ctx.params.objective == "overlap" else ev.objective
 
     def best_fit(self) -> tuple[int, ...] | None:
-        """The fastest plan seen that fits (estimating in order of time until one fits)."""
-        for a in sorted(self.evaluations, key=lambda a: self.evaluations[a].objective):
-            if self.fits(a):
+        """The fastest plan seen that fits (estimating in order of time until one fits). A
+        pending hand plan comes in at its floor, and is evaluated there unless it cannot fit."""
+        queue = [(ev.objective, self.order[a], a) for a, ev in self.evaluations.items()]
+        queue += [(floor, self.order[a], a) for a, (floor, _) in self.pending.items()]
+        heapq.heapify(queue)
+        while queue:
+            _, k, a = heapq.heappop(queue)
+            if a in self.pending:
+                if self.model.arguments_exceed(a, self.budget):
+                    continue  # it never fits: its time is not needed
+                self.add(a)
+                heapq.heappush(queue, (self.evaluations[a].objective, k, a))
+            elif self.fits(a):
                 return a
         return None
 
     def smallest(self) -> MemoryEstimate:
-        return min((self.estimate(a) for a in self.evaluations), key=lambda e: e.peak)
+        seen = [*self.evaluations, *self.pending]
+        return min((self.estimate(a) for a in seen), key=lambda e: e.peak)
 
 
 def fit_budget(
@@ -177,8 +211,8 @@ def fit_budget(
     seen = _Seen(ctx, model, budget)
     free = seen.add(choice.assignment, None, choice.evaluation)
     seen.estimates[free], seen.peaks[free] = first, first_peak
-    for a, evaluation in choice.baselines.values():
-        seen.add(a, None, evaluation)
+    for name, a in choice.baselines.assignments.items():
+        seen.add_later(a, functools.partial(choice.baselines.evaluation, name))
     for run in choice.runs.values():
         seen.add(run.assignment, None, run.evaluation)
     base, tying = ctx.tables.problem, choice.tying
@@ -286,7 +320,8 @@ def fit_budget(
             step_budget, step_starts = search_budget, ()
     if hi is not None:  # polish: the smallest λ that fit, the search's rounds from two starts
         # and from every hand plan that fits
-        fitting = [tuple(a) for a, _ in choice.baselines.values() if seen.fits(tuple(a))]
+        hand = choice.baselines.assignments.values()
+        fitting = [tuple(a) for a in hand if seen.fits(tuple(a))]
         polish = dataclasses.replace(options.budget, max_starts=2 + len(fitting))
         solve_at(hi, polish, fitting, from_free=False)
         if ctx.params.objective == "overlap":

@@ -79,6 +79,9 @@ class Baselines(Mapping[str, tuple[tuple[int, ...], Evaluation]]):
     def __iter__(self) -> Iterator[str]:
         return iter(self.assignments)
 
+    def evaluation(self, name: str) -> Evaluation:
+        return self[name][1]
+
     def for_plan(self) -> Baselines:
         """These hand plans without the search's `EvalContext.memo` (12 MB on unrolled
         llama3_8b), to keep with the plan: one read later builds a memo of its own."""

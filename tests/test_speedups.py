@@ -342,3 +342,42 @@ def test_arguments_exceed_only_plans_that_cannot_fit():
                 exceeded += 1
                 assert not model.estimate(a, budget).fits
     assert exceeded == 200
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name,small,fraction", [("mlp", False, 0.7), ("gpt_small", True, 0.5)])
+def test_budget_evaluates_hand_plans_only_when_needed(name, small, fraction, monkeypatch):
+    """The memory budget's search evaluates a hand plan only when `best_fit` reaches its
+    compute floor (and its arguments may fit): the plan, its cost and its peak are those of
+    evaluating every hand plan first, with no more evaluations."""
+    import jaxpar
+    import models
+    from jaxpar import budget, choose
+
+    ex = models.get(name, small=small)
+    kw = dict(mesh={"a": 2, "b": 4}, cluster="dgx-h100")
+    free = jaxpar.plan(ex.step, *ex.args, memory_budget=None, **kw)
+    calls = []
+    for module in (budget, choose):
+        counted = module.evaluate
+
+        def count(ctx, a, _f=counted):
+            calls.append(tuple(a))
+            return _f(ctx, a)
+
+        monkeypatch.setattr(module, "evaluate", count)
+    runs = []
+    for eager in (False, True):
+        if eager:  # every hand plan evaluated up front, as before
+            monkeypatch.setattr(
+                budget._Seen, "add_later", lambda self, a, evaluated: self.add(a, None, evaluated())
+            )
+        calls.clear()
+        plan = jaxpar.plan(ex.step, *ex.args, memory_budget=free.memory.peak * fraction, **kw)
+        assert plan.stats["budget_bound"]
+        runs.append((plan.assignment, plan.evaluation.objective, plan.memory.peak, len(calls)))
+    (a, objective, peak, lazy_calls), (b, eager_objective, eager_peak, eager_calls) = runs
+    assert a == b and objective == eager_objective and peak == eager_peak
+    assert lazy_calls <= eager_calls
+    if name == "mlp":  # data parallel computes more than the fastest fitting plan's whole step
+        assert lazy_calls < eager_calls
