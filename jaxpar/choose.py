@@ -57,38 +57,43 @@ class SearchRun:
 class Baselines(Mapping[str, tuple[tuple[int, ...], Evaluation]]):
     """The hand plans (`BASELINES`): name -> (assignment, evaluation), each evaluated when
     first read. `choose` reads only those whose `compute_floor` leaves them a chance to beat
-    the search; a report or a memory budget reads them all."""
+    the search; a report or a memory budget reads them all. It keeps every evaluation
+    `choose` makes (`evaluated`): a search's plan is often a hand plan."""
 
     def __init__(
         self,
         assignments: dict[str, tuple[int, ...]],
         ctx: EvalContext,
-        evaluated: dict[tuple[int, ...], Evaluation],
+        evaluations: dict[tuple[int, ...], Evaluation] | None = None,
     ):
         self.assignments = assignments
         self._ctx = ctx
-        self._evaluated = evaluated  # the search's evaluations, shared: a search's plan is
-        # often a hand plan
+        self._evaluations = {} if evaluations is None else evaluations
+
+    def evaluated(self, a: Sequence[int]) -> Evaluation:
+        """`evaluate` of any assignment of these tables, once."""
+        key = tuple(a)
+        if key not in self._evaluations:
+            self._evaluations[key] = evaluate(self._ctx, key)
+        return self._evaluations[key]
+
+    def evaluation(self, name: str) -> Evaluation:
+        return self.evaluated(self.assignments[name])
 
     def __getitem__(self, name: str) -> tuple[tuple[int, ...], Evaluation]:
-        a = self.assignments[name]
-        if a not in self._evaluated:
-            self._evaluated[a] = evaluate(self._ctx, a)
-        return a, self._evaluated[a]
+        return self.assignments[name], self.evaluation(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.assignments)
 
-    def evaluation(self, name: str) -> Evaluation:
-        return self[name][1]
+    def __len__(self) -> int:
+        return len(self.assignments)
 
     def for_plan(self) -> Baselines:
         """These hand plans without the search's `EvalContext.memo` (12 MB on unrolled
         llama3_8b), to keep with the plan: one read later builds a memo of its own."""
-        return Baselines(self.assignments, dataclasses.replace(self._ctx, memo={}), self._evaluated)
-
-    def __len__(self) -> int:
-        return len(self.assignments)
+        ctx = dataclasses.replace(self._ctx, memo={})
+        return Baselines(self.assignments, ctx, self._evaluations)
 
 
 def compute_floor(ctx: EvalContext, assignment: Sequence[int]) -> float | None:
@@ -135,14 +140,6 @@ def choose(
     """Baselines always; the searches for "auto" / "hypar"; the best plan, certified or not."""
     tick = tick or (lambda _detail: None)
     ng, tables = ctx.ng, ctx.tables
-    memo: dict[tuple[int, ...], Evaluation] = {}
-
-    def priced(a: Sequence[int]) -> Evaluation:  # searches often return a baseline's plan
-        key = tuple(a)
-        if key not in memo:
-            memo[key] = evaluate(ctx, key)
-        return memo[key]
-
     after_all = len(ng.program.eqns)
     state = frozenset(u.dst for u in tables.uses if u.order[0] >= after_all)  # state inputs
     base = {
@@ -151,7 +148,8 @@ def choose(
         )
         for s in BASELINES
     }
-    baselines = Baselines(base, ctx, memo)
+    baselines = Baselines(base, ctx)
+    priced = baselines.evaluated  # searches often return a hand plan
     if options.strategy not in ("auto", "hypar"):
         a = base[options.strategy]
         return Choice(options.strategy, a, priced(a), False, None, {}, baselines, None)
