@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import gzip
 import json
 import os
 import re
@@ -55,6 +56,7 @@ import numpy as np
 import jaxpar
 import models
 from jaxpar.blocks import block_of
+from jaxpar.contraction_calls import plan_calls
 from jaxpar.cost import node_work
 from jaxpar.graph import BACKWARD, FORWARD, UPDATE, Program, layer_of, phase_of
 from jaxpar.kernels import node_kernels
@@ -366,13 +368,18 @@ def op_layer(op_name: str, known: set[str]) -> str:
 
 
 def in_step_layer_seconds(
-    fn: Any, args: Sequence[Any], known: set[str], calls: int
+    fn: Any, args: Sequence[Any], known: set[str], calls: int, hlo_path: str | None = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Per layer label, device seconds per step spent in its kernels inside the whole compiled
     step (kernels attributed by their HLO op's name stack), and a summary: total kernel time per
-    step, what could not be attributed, and where the kernels were read."""
+    step, what could not be attributed, and where the kernels were read. ``hlo_path``: write
+    the compiled step's HLO text there, gzipped (the device's fusions, for later study)."""
     jitted = jax.jit(fn)
-    names, inferred = hlo_op_names(jitted.lower(*args).compile().as_text())
+    hlo_text = jitted.lower(*args).compile().as_text()
+    if hlo_path:
+        with gzip.open(hlo_path, "wt") as f:
+            f.write(hlo_text)
+    names, inferred = hlo_op_names(hlo_text)
     norm = {re.sub(r"[.\-]", "_", n): n for n in names}
     kernels, source = profile_kernels(jitted, args, calls)
     per_layer: dict[str, float] = {}
@@ -423,6 +430,24 @@ def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         ),
     }
     plan = plans["calibrated"]
+    contractions = {}
+    if args.measure_contractions:
+        started_calls = time.perf_counter()
+        args.tabled = jaxpar.measure_contractions(plans["calibrated"], args.tabled)
+        plans["measured_calls"] = jaxpar.plan(
+            ex.step, *ex.args, mesh=mesh, cluster=args.tabled, memory_budget=None
+        )
+        print(
+            f"{name}: {len(args.tabled.contractions)} library calls measured in "
+            f"{time.perf_counter() - started_calls:.1f} s",
+            flush=True,
+        )
+        if args.save_calibration:
+            args.tabled.save(args.save_calibration)
+        table = args.tabled.contraction_table
+        for call in plan_calls(plan.ng, plan.tables.configs, plan.params.mesh.sizes):
+            if call.key in table:
+                contractions[call.key] = table[call.key]
     assert len(plan.ng.nodes) == len(plans["datasheet"].ng.nodes)
     print(f"{name}: planned twice in {time.perf_counter() - started:.1f} s", flush=True)
     groups = layer_groups(plan)
@@ -464,7 +489,10 @@ def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         whole[f"{source}_ms"] = p.cost.compute_s * 1e3
         whole[f"{source}_ratio"] = p.cost.compute_s / step_s
     known = {row["layer"] for row in rows}
-    in_step, profile = in_step_layer_seconds(ex.step, (state, batch), known, calls=args.calls)
+    hlo_path = os.path.join(args.hlo_dir, f"{name}.hlo.gz") if args.hlo_dir else None
+    in_step, profile = in_step_layer_seconds(
+        ex.step, (state, batch), known, calls=args.calls, hlo_path=hlo_path
+    )
     by_equation = {s: predicted_by_equation_layer(p, known) for s, p in plans.items()}
     for row in rows:
         row["in_step_ms"] = in_step.get(row["layer"], 0.0) * 1e3
@@ -486,6 +514,7 @@ def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "summary_in_step": {s: summarize(rows, s, "in_step") for s in plans},
         "blocks": units,
         "summary_blocks": {s: summarize(units, s, "in_step") for s in plans},
+        "contractions": contractions,
     }
 
 
@@ -584,8 +613,15 @@ def markdown(results: list[dict], header: dict[str, Any]) -> str:
             "",
             f"Whole step (forward, backward and update): measured {w['measured_ms']:.3f} ms; "
             f"Σ t_C datasheet {w['datasheet_ms']:.3f} ms ({w['datasheet_ratio']:.2f}), "
-            f"calibrated {w['calibrated_ms']:.3f} ms ({w['calibrated_ratio']:.2f}).",
+            f"calibrated {w['calibrated_ms']:.3f} ms ({w['calibrated_ratio']:.2f})"
+            + (
+                f", with the measured calls {w['measured_calls_ms']:.3f} ms "
+                f"({w['measured_calls_ratio']:.2f})."
+                if "measured_calls_ms" in w
+                else "."
+            ),
         ]
+        tabled = "measured_calls_ms" in w
         if res.get("blocks"):
             profile = w.get("profile", {})
             lines += [
@@ -598,20 +634,26 @@ def markdown(results: list[dict], header: dict[str, Any]) -> str:
                 f"{profile.get('unmatched_ms_per_step', 0):.3f} ms.",
                 "",
                 "| block | layers | GFLOP | in step ms | datasheet ms (ratio) | calibrated ms "
-                "(ratio) |",
-                "|---|---|---|---|---|---|",
+                "(ratio) |" + (" measured calls ms (ratio) |" if tabled else ""),
+                "|---|---|---|---|---|---|" + ("---|" if tabled else ""),
             ]
             for u in res["blocks"]:
                 lines.append(
                     f"| {u['layer']} | {u['layers']} | {u['gflop']:.3f} | {u['in_step_ms']:.4f} | "
                     f"{u['datasheet_ms']:.4f} ({u['datasheet_in_step_ratio']:.2f}) | "
                     f"{u['calibrated_ms']:.4f} ({u['calibrated_in_step_ratio']:.2f}) |"
+                    + (
+                        f" {u['measured_calls_ms']:.4f} ({u['measured_calls_in_step_ratio']:.2f}) |"
+                        if tabled
+                        else ""
+                    )
                 )
         lines += [
             "",
             "| layer | GFLOP | kernels | alone ms | in step ms | datasheet: nodes ms (ratio "
-            "alone); equations ms (ratio in step) | calibrated: the same |",
-            "|---|---|---|---|---|---|---|",
+            "alone); equations ms (ratio in step) | calibrated: the same |"
+            + (" measured calls: the same |" if tabled else ""),
+            "|---|---|---|---|---|---|---|" + ("---|" if tabled else ""),
         ]
         for r in res["layers"]:
             bound = "" if r.get("device_bound", True) else " (floor)"
@@ -624,6 +666,13 @@ def markdown(results: list[dict], header: dict[str, Any]) -> str:
                 f"{r['calibrated_ms']:.4f} ({r['calibrated_ratio']:.2f}); "
                 f"{r.get('calibrated_eqn_ms', float('nan')):.4f} "
                 f"({r.get('calibrated_in_step_ratio', float('nan')):.2f}) |"
+                + (
+                    f" {r['measured_calls_ms']:.4f} ({r['measured_calls_ratio']:.2f}); "
+                    f"{r.get('measured_calls_eqn_ms', float('nan')):.4f} "
+                    f"({r.get('measured_calls_in_step_ratio', float('nan')):.2f}) |"
+                    if tabled
+                    else ""
+                )
             )
         lines.append("")
     return "\n".join(lines)
@@ -714,12 +763,21 @@ def main() -> None:
         "--merge", nargs="+", metavar="JSON", help="combine earlier --json outputs (no runs)"
     )
     parser.add_argument("--before", help="with --merge: an earlier merged --json to compare")
+    parser.add_argument(
+        "--measure-contractions",
+        action="store_true",
+        help="also time every library call of the plans on this device (measure_contractions) "
+        'and price a third way with that table ("measured_calls")',
+    )
+    parser.add_argument("--save-calibration", help="write the calibration with the table here")
+    parser.add_argument("--hlo-dir", help="write each model's compiled step here (MODEL.hlo.gz)")
     args = parser.parse_args()
     if args.merge:
         merge(args.merge, args.json, args.md, args.before)
         return
     if not args.calibration:
         parser.error("--calibration FILE is needed (write one with jaxpar calibrate)")
+    args.tabled = jaxpar.load_calibration(args.calibration)
     device = jax.devices()[0]
     header = {
         "device": f"{device.device_kind} ({device.platform})",

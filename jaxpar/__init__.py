@@ -7,7 +7,8 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     nodes    Program + rules    -> planning nodes (ops + followers)      nodes, labels
     configs  node + mesh        -> configurations and layouts            configs
     cost     cluster + nodes    -> kernels, t_C, node collectives (α-β)  hardware, collectives,
-                                                                       kernels, cost
+                                                                       kernels, cost,
+                                                                       contraction_calls
     tables   nodes + reads      -> the two search problems               reshard, tables
     search   tables             -> elimination / descent, k-cut          search, kcut, baselines
     choose   searches           -> the plan, certified against a bound   choose, evaluate
@@ -21,9 +22,9 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     verify   compiled HLO       -> the collectives XLA emitted           verify
 
 The pure core (`graph`, `opspace`, `rules`, `rules_contractions`, `rules_indexing`, `nodes`,
-`labels`, `configs`, `collectives`, `reshard`, `kernels`, `cost`, `tables`, `search`, `kcut`,
-`baselines`, `evaluate`, `verify`, `buffers`, `buffer_reads`, `memory_estimate`, `memory`,
-`budget`, `hardware`) imports no jax.
+`labels`, `configs`, `collectives`, `reshard`, `kernels`, `contraction_calls`, `cost`, `tables`,
+`search`, `kcut`, `baselines`, `evaluate`, `verify`, `buffers`, `buffer_reads`,
+`memory_estimate`, `memory`, `budget`, `hardware`) imports no jax.
 """
 
 from . import distributed, verify
@@ -31,8 +32,9 @@ from .apply import AutoSharded, auto_shard
 from .distributed import MultiHostMismatch, global_batch
 from .evaluate import Collective, PlanCost
 from .hardware import Cluster, DeviceGroup, DeviceSpec, LinkLevel
-from .hardware.calibration import Calibration
+from .hardware.calibration import Calibration, load_calibration
 from .measure import calibrate
+from .measure_contractions import measure_contractions
 from .memory_estimate import MemoryBudgetError, MemoryEstimate
 from .meshes import detect_cluster, make_hardware_mesh, make_mesh
 from .options import PlannerOptions
@@ -65,9 +67,11 @@ __all__ = [
     "detect_cluster",
     "distributed",
     "global_batch",
+    "load_calibration",
     "load_plan",
     "make_hardware_mesh",
     "make_mesh",
+    "measure_contractions",
     "plan",
     "verify",
 ]

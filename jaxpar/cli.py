@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .cli_calibrate import add_calibrate
 from .cli_input import (
     ALL_STRATEGIES,
     DTYPES,
@@ -41,7 +42,6 @@ from .cli_input import (
     choice_type,
     mesh_text,
     parse_batch,
-    parse_calibration_dtype,
     parse_capacity,
     parse_dtype,
     parse_memory_budget,
@@ -83,14 +83,6 @@ CLUSTERS_DESCRIPTION = """\
 Print every cluster preset with its numbers (peak FLOP/s per dtype, memory, and per link level
 bandwidth, latency and port sharing) and where each number comes from. Multi-node presets are
 shown with 2 nodes, so that the link between nodes is listed too.
-"""
-
-
-CALIBRATE_DESCRIPTION = """\
-Measure the devices jax sees: matrix-product and convolution throughput over sizes per dtype,
-memory bandwidth, and for every mesh axis of 2 or more devices the latency and bandwidth of each
-collective kind over message sizes. Writes a calibration file that 'jaxpar plan --cluster FILE'
-(and jaxpar.plan / auto_shard with cluster=FILE) prices plans with instead of datasheet numbers.
 """
 
 
@@ -347,20 +339,6 @@ def plan_document(
     return json.loads(json.dumps(out, default=str))
 
 
-def calibrate_command(args: argparse.Namespace) -> int:
-    """Measure the devices of ``--mesh`` (default: all of them on one axis) and write the file."""
-    check_output_path("--out", args.out, "calibration.json")
-    from jaxpar.measure import calibrate, summary
-
-    started = time.perf_counter()
-    calibration = calibrate(args.mesh, quick=args.quick, dtypes=args.dtype)
-    calibration.save(args.out)
-    print(summary(calibration))
-    seconds = time.perf_counter() - started
-    print(f"wrote {args.out} in {seconds:.1f} s; plan with --cluster {args.out}")
-    return 0
-
-
 def showcase_cluster(name: str) -> Any:
     """Preset `name` at a size that has every link level: 2 nodes of a multi-node preset (one
     node has no link between nodes), else the preset's default size."""
@@ -434,7 +412,7 @@ def build_parser() -> _Parser:
     _add_demo(sub)
     _add_plan(sub)
     _add_clusters(sub)
-    _add_calibrate(sub)
+    add_calibrate(sub)
     parser.commands = dict(sub.choices)  # command name -> its parser
     return parser
 
@@ -570,42 +548,6 @@ def _add_clusters(sub: Any) -> None:
         description=CLUSTERS_DESCRIPTION,
     )
     p_cl.set_defaults(func=clusters_command)
-
-
-def _add_calibrate(sub: Any) -> None:
-    """``jaxpar calibrate``."""
-    p_cal = sub.add_parser(
-        "calibrate",
-        help="measure the devices at hand; write a cluster file for --cluster FILE",
-        description=CALIBRATE_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p_cal.add_argument(
-        "--mesh",
-        type=arg_type(parse_mesh, "mesh"),
-        default=None,
-        metavar="NAME=SIZE,...",
-        help="the mesh whose axes' collectives are measured, e.g. node=2,gpu=4 (default: every "
-        "device on one axis 'devices')",
-    )
-    p_cal.add_argument(
-        "--out",
-        default="calibration.json",
-        metavar="FILE",
-        help="where to write the calibration (default calibration.json)",
-    )
-    p_cal.add_argument(
-        "--dtype",
-        type=arg_type(parse_calibration_dtype, "dtype"),
-        action="append",
-        default=None,
-        help="a matmul/conv dtype to measure, repeatable: float32, bfloat16, float16 (default "
-        "float32, and bfloat16 on accelerators; float32 is always measured)",
-    )
-    p_cal.add_argument(
-        "--quick", action="store_true", help="a few small sizes only (seconds; rough numbers)"
-    )
-    p_cal.set_defaults(func=calibrate_command)
 
 
 def _one_line(message: object) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 
 from .collectives import ALL_REDUCE, PERMUTE, all_reduce_bytes, transfer_time
 from .configs import Config, degree, dim_degrees, shard_count, spec_of
+from .contraction_calls import TABLE_PRIMITIVES, contraction_key, measured_kernel_seconds
 from .graph import BACKWARD
 from .hardware.mesh_model import MeshAxes
 from .kernels import (
@@ -56,6 +57,13 @@ class CostParams:
         """Saturation of an uncalibrated contraction (`saturated_rate`): f_half = peak ·
         half_rate_time, the FLOPs at which it runs at half its peak (0: always the peak)."""
         return self.mesh.half_rate_time
+
+    @property
+    def contraction_table(self) -> dict[str, float]:
+        """Measured seconds of library calls on a calibrated mesh (`Calibration.contractions`;
+        empty when none were measured)."""
+        calibration = self.mesh.calibration
+        return calibration.contraction_table if calibration is not None else {}
 
     def flops_rate(self, dtype: str) -> float:
         table = dict(self.peak_flops)
@@ -134,6 +142,14 @@ def node_work(
         t_k     = overhead + max( Σ_{m ∈ k} f_m / rate_m(f_m) , bytes_k / mem_bandwidth )
         t_C     = Σ_k t_k
 
+    except that a kernel whose work is library calls the calibration measured (OptCNN's
+    measured t_C; `contraction_calls.measured_kernel_seconds`) takes t_k = Σ of their measured
+    seconds (their kernels' device time, ramp-up and tail included) under the configurations
+    whose calls were all measured: no overhead is added, as a call long enough to be worth
+    measuring is launched while the kernel before it runs (on the H100 the train steps of
+    `bench/results/layer_compute.md` leave 0-1 µs between kernels, against the 4 µs a chain of
+    tiny kernels costs).
+
     rate_m: `CostParams.flops_rates` (a contraction's calibrated curve, or its peak saturated at
     f_m; the peak for everything else); overhead: `CostParams.kernel_overhead`. A kernel that
     writes nothing (`Kernel.runs` false) has bytes_k = 0 and no overhead: its FLOPs run inside
@@ -171,7 +187,7 @@ def _priced_kernels(ng: NodeGraph, node: Node, kernels: Sequence) -> tuple:
                 eqn = program.eqns[m.eqn]
                 members.append(
                     (m.flops, tuple(m.used_dims), eqn.primitive, tensors[eqn.outputs[0]].dtype,
-                     conv_taps_fraction(program, eqn))
+                     conv_taps_fraction(program, eqn), _call_geometry(program, m))
                 )  # fmt: skip
         out.append(
             (
@@ -191,6 +207,19 @@ def _priced_kernels(ng: NodeGraph, node: Node, kernels: Sequence) -> tuple:
     return tuple(out)
 
 
+def _call_geometry(program, member) -> tuple | None:
+    """What a measured table keys a contraction member's calls by beyond its FLOPs (operand
+    shapes and maps, parameters); None for other members."""
+    eqn = program.eqns[member.eqn]
+    if eqn.primitive not in TABLE_PRIMITIVES:
+        return None
+    operands = [program.tensors[t] for t in eqn.inputs]
+    key = contraction_key(
+        eqn.primitive, eqn.params, [t.shape for t in operands], [t.dtype for t in operands]
+    )
+    return key, member.in_maps
+
+
 def _node_work(
     ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams, kernels: Sequence
 ) -> NodeWork:
@@ -207,6 +236,7 @@ def _node_work(
         return out
 
     flops, nbytes, seconds = np.zeros(n), np.zeros(n), np.zeros(n)
+    table = params.contraction_table
     per_kernel = []
     for kernel in kernels:
         k_bytes = np.zeros(n)
@@ -238,7 +268,13 @@ def _node_work(
             flops += f
         nbytes += k_bytes
         overhead = params.kernel_overhead if kernel.runs else 0.0
-        per_kernel.append(kernel_time(k_time, k_bytes, params.mem_bandwidth, overhead))
+        k_seconds = kernel_time(k_time, k_bytes, params.mem_bandwidth, overhead)
+        if table:
+            members = [node.members[i] for i in kernel.members]
+            measured = measured_kernel_seconds(program, members, D, table)
+            if measured is not None:
+                k_seconds = np.where(np.isnan(measured), k_seconds, measured)
+        per_kernel.append(k_seconds)
         seconds += per_kernel[-1]
     return NodeWork(flops, nbytes, seconds, sum(k.runs for k in kernels), tuple(per_kernel))
 

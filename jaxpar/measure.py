@@ -444,6 +444,12 @@ def summary(calibration: Calibration) -> str:
                 f"  {label:<6} {dtype:<9} {_rate(low[1])} at {low[0]:.3g} FLOP .. "
                 f"{_rate(high[1])} at {high[0]:.3g} FLOP (best {_rate(curve.peak)})"
             )
+    if c.contractions:
+        total = sum(seconds for _, seconds in c.contractions)
+        lines.append(
+            f"  library calls: {len(c.contractions)} measured (jaxpar.measure_contractions), "
+            f"{total * 1e3:.3f} ms in all"
+        )
     if not c.axes:
         lines.append("  collectives: none measured (no mesh axis of 2 or more devices)")
     for axis in c.axes:

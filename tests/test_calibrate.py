@@ -183,7 +183,7 @@ def test_json_round_trip(tmp_path):
     cal.save(path)
     assert load_calibration(path) == cal
     doc = json.loads(path.read_text())
-    assert doc["format"] == "jaxpar.calibration" and doc["version"] == 2
+    assert doc["format"] == "jaxpar.calibration" and doc["version"] == 3
     assert doc["kernel_overhead"] == 0.0
 
 

@@ -75,7 +75,8 @@ def test_reshape_maps_major_dims():
 PURE_CORE = (
     "graph", "opspace", "rules", "rules_contractions", "rules_indexing", "rules_loops", "nodes",
     "labels", "configs", "collectives", "reshard", "reshard_tables", "operand_layouts",
-    "kernels", "cost", "tables", "blocks", "combine", "overlap", "step_timeline",
+    "kernels", "contraction_calls", "cost", "tables", "blocks", "combine", "overlap",
+    "step_timeline",
     "search", "kcut", "baselines", "evaluate", "buffers", "buffer_reads", "memory_estimate",
     "memory", "held", "budget", "verify", "hlo_text", "hardware", "hardware.devices",
     "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",

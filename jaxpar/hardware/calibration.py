@@ -7,6 +7,9 @@ A calibration file replaces datasheet numbers with numbers measured on the devic
   log-log space);
 - the memory bandwidth of a large elementwise op;
 - the fixed time of one kernel (a chain of tiny unfusable ops: seconds per kernel);
+- optionally, the measured seconds of individual library calls (a matrix product or convolution
+  of given operand shapes, `contraction_calls.contraction_key`): OptCNN's measured t_C, written by
+  `jaxpar.measure_contractions` for the calls one model's plans make, and preferred to the curve;
 - per mesh axis and collective kind, the latency α and bandwidth β fitted to a message-size
   sweep (`CollectiveFit`: t = α + bytes sent per device / β), and one joint fit of the axis in
   the cost model's own form (`AxisCalibration`: t = latency · ring_steps(kind, n) + bytes / bw).
@@ -17,6 +20,8 @@ JSON format (`Calibration.save`, `load_calibration`), and imports no jax.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -29,8 +34,8 @@ import numpy as np
 from ..collectives import KINDS, ring_steps
 
 FORMAT = "jaxpar.calibration"  # the file's "format" field
-VERSION = 2  # the file's "version" field written; 2 added "kernel_overhead"
-READ_VERSIONS = (1, 2)  # versions load accepts (a version 1 file has no kernel overhead)
+VERSION = 3  # the file's "version" field written; 2 added "kernel_overhead", 3 "contractions"
+READ_VERSIONS = (1, 2, 3)  # versions load accepts (before 3: no contraction table)
 MATMUL = "matmul"  # ThroughputCurve kinds: dot_general ...
 CONV = "conv"  # ... and conv_general_dilated
 
@@ -131,6 +136,9 @@ class Calibration:
     # Seconds one kernel costs beyond its work (launch, ramp-up): the slope of a chain of tiny
     # ops per kernel (`measure.kernel_overhead`). None: not measured (a version 1 file).
     kernel_overhead: float | None = None
+    # (call key, seconds) of measured library calls (`contraction_calls.contraction_key`),
+    # sorted by key; empty unless `jaxpar.measure_contractions` filled it
+    contractions: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         for field_name in ("matmul", "conv"):
@@ -143,11 +151,30 @@ class Calibration:
             raise ValueError("a calibration needs memory_bandwidth > 0 and num_devices >= 1")
         if self.kernel_overhead is not None and not self.kernel_overhead >= 0:
             raise ValueError("a calibration's kernel_overhead must be >= 0")
+        table = dict(self.contractions)
+        if len(table) != len(self.contractions):
+            raise ValueError("a calibration's contraction table repeats a call")
+        if any(not (s > 0 and math.isfinite(s)) for s in table.values()):
+            raise ValueError("a calibration's measured call seconds must be positive and finite")
+        object.__setattr__(self, "contractions", tuple(sorted(table.items())))
+
+    @functools.cached_property
+    def contraction_table(self) -> dict[str, float]:
+        """Measured seconds per library call key (empty when none were measured)."""
+        return dict(self.contractions)
+
+    def with_contractions(self, measured: Mapping[str, float]) -> Calibration:
+        """This calibration with ``measured`` calls added to its table (replacing equal keys)."""
+        return dataclasses.replace(
+            self, contractions=tuple({**self.contraction_table, **measured}.items())
+        )
 
     @property
     def source(self) -> str:
         """Where the numbers come from, for reports: "measured on <device kind>, <date>"."""
-        return f"measured on {self.device_kind}, {self.date}" + (" (quick)" if self.quick else "")
+        calls = f", {len(self.contractions)} library calls measured" if self.contractions else ""
+        quick = " (quick)" if self.quick else ""
+        return f"measured on {self.device_kind}, {self.date}{calls}{quick}"
 
     def curve(self, kind: str, dtype: str) -> ThroughputCurve:
         """The curve of op `kind` (MATMUL or CONV) in `dtype`; a conv falls back to the matmul
@@ -195,6 +222,7 @@ class Calibration:
             "matmul": {d: [list(p) for p in c.points] for d, c in self.matmul},
             "conv": {d: [list(p) for p in c.points] for d, c in self.conv},
             "kernel_overhead": self.kernel_overhead,
+            "contractions": [{"call": k, "seconds": v} for k, v in self.contractions],
             "memory": {
                 "bandwidth": self.memory_bandwidth,
                 "points": [list(p) for p in self.memory_points],
@@ -340,7 +368,19 @@ def _parse(doc: Any) -> Calibration:
         memory_bytes=None if capacity is None else _positive(capacity, "memory.capacity"),
         axes=tuple(_axis(a, f"axes[{i}]") for i, a in enumerate(_list(doc["axes"], "axes"))),
         kernel_overhead=None if overhead is None else _nonnegative(overhead, "kernel_overhead"),
+        contractions=_table(doc.get("contractions", [])),
     )
+
+
+def _table(doc: Any) -> tuple[tuple[str, float], ...]:
+    rows = []
+    for i, row in enumerate(_list(doc, "contractions")):
+        row = _obj(row, f"contractions[{i}]")
+        where = f"contractions[{i}]"
+        rows.append(
+            (_text(row["call"], f"{where}.call"), _positive(row["seconds"], f"{where}.seconds"))
+        )
+    return tuple(rows)
 
 
 def _axis(doc: Any, where: str) -> AxisCalibration:
