@@ -7,7 +7,7 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     nodes    Program + rules    -> planning nodes (ops + followers)      nodes, labels
     configs  node + mesh        -> configurations and layouts            configs
     cost     cluster + nodes    -> kernels, t_C, node collectives (α-β)  hardware, collectives,
-                                                                       kernels, cost,
+                                                                       fusion, kernels, cost,
                                                                        contraction_calls
     tables   nodes + reads      -> the two search problems               reshard, tables
     search   tables             -> elimination / descent, k-cut          search, kcut, baselines
@@ -22,8 +22,8 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     verify   compiled HLO       -> the collectives XLA emitted           verify
 
 The pure core (`graph`, `opspace`, `rules`, `rules_contractions`, `rules_indexing`, `nodes`,
-`labels`, `configs`, `collectives`, `reshard`, `kernels`, `contraction_calls`, `cost`, `tables`,
-`search`, `kcut`, `baselines`, `evaluate`, `verify`, `buffers`, `buffer_reads`,
+`labels`, `configs`, `collectives`, `reshard`, `fusion`, `kernels`, `contraction_calls`, `cost`,
+`tables`, `search`, `kcut`, `baselines`, `evaluate`, `verify`, `buffers`, `buffer_reads`,
 `memory_estimate`, `memory`, `budget`, `hardware`) imports no jax.
 """
 

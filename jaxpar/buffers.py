@@ -14,8 +14,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .configs import shard_count
+from .fusion import REDUCTIONS
 from .graph import BACKWARD, FORWARD, UPDATE, phase_of
-from .kernels import REDUCTIONS
 from .operand_layouts import copied_operands
 from .reshard import ALL_TO_ALL, reshard_path
 from .rules import ELEMENTWISE

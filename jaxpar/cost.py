@@ -21,14 +21,10 @@ import numpy as np
 from .collectives import ALL_REDUCE, PERMUTE, all_reduce_bytes, transfer_time
 from .configs import Config, degree, dim_degrees, shard_count, spec_of
 from .contraction_calls import TABLE_PRIMITIVES, contraction_key, measured_kernel_seconds
+from .fusion import ACCELERATOR_FUSION, FusionRules
 from .graph import BACKWARD
 from .hardware.mesh_model import MeshAxes
-from .kernels import (
-    ACCELERATOR_FUSION,
-    MEASURED_PRIMITIVES,
-    FusionRules,
-    node_kernels,
-)  # fmt: skip
+from .kernels import MEASURED_PRIMITIVES, node_kernels
 from .nodes import Node, NodeGraph
 from .rules import DimMap
 from .rules_contractions import conv_taps_fraction

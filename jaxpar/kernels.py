@@ -1,8 +1,9 @@
 """The kernels XLA makes of a planning node, and the memory traffic each one makes.
 
-`node_kernels` groups a node's equations the way the target backend's XLA fuses them
-(`FusionRules`: GPU/TPU and CPU differ): a contraction's library call, fused elementwise
-kernels, what each reads from and writes to device memory. `cost.node_work` prices them.
+`node_kernels` groups a node's equations the way the target backend's XLA fuses them (`fusion`:
+what XLA computes inside its readers instead of writing it; `FusionRules`: GPU/TPU and CPU
+differ): a contraction's library call, fused elementwise kernels, what each reads from and
+writes to device memory. `cost.node_work` prices them.
 
 Pure: numpy only.
 """
@@ -10,14 +11,22 @@ Pure: numpy only.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Sequence
 
+from .fusion import (
+    ACCELERATOR_FUSION,
+    FusionRules,
+    program_index,
+    read_sources,
+    recomputed,
+    shared_reads,
+    whole_sources,
+)
 from .graph import REGION_PRIMITIVES, SCAN_STACK, Equation, Program
 from .hardware.calibration import CONV, MATMUL
 from .nodes import Node, NodeGraph
 from .operand_layouts import copied_operands
-from .rules import ELEMENTWISE, DimMap
+from .rules import DimMap
 
 # primitives priced by a calibration's throughput curves, and the curve kind of each
 MEASURED_PRIMITIVES = {
@@ -28,21 +37,6 @@ MEASURED_PRIMITIVES = {
 # Equations XLA runs as a library call of their own (cuBLAS/cuDNN, Eigen/oneDNN, the MXU), with
 # their elementwise followers in a separate fused kernel.
 CONTRACTION_PRIMITIVES = tuple(MEASURED_PRIMITIVES)
-# Equations that move no data of their own: XLA makes a reshape a bitcast and fuses a broadcast
-# or an iota into its readers. A kernel of these alone is no kernel.
-FREE_PRIMITIVES = ("reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iota")
-# Loop-fusion consumers: XLA fuses an elementwise producer into them (recomputing it) rather
-# than writing its result to memory (`node_kernels`).
-FUSING_READERS = frozenset(
-    (*ELEMENTWISE, *FREE_PRIMITIVES, "transpose", "reduce_sum", "reduce_max", "reduce_min",
-     "reduce_prod", "argmax", "argmin", "select_n", "pad", "slice", "concatenate", "gather")
-)  # fmt: skip
-# Results that are bitcasts of their operand (never written; readers read the operand)
-ALIASES = ("reshape", "squeeze", "expand_dims")
-# Producers XLA recomputes inside fusing readers rather than writing their results (a
-# transpose or a slice is an index map: a weight gradient's transpose runs inside the
-# optimizer's update, a loss's shifted logits inside its reductions)
-RECOMPUTED_PRODUCERS = frozenset((*ELEMENTWISE, *FREE_PRIMITIVES, "transpose", "slice"))
 # Indexing that touches part of a tensor (`node_kernels`): equation -> (operand position read
 # only where the result or update lands, operand position bounding that part, whether the
 # result is written in place over the operand: a scatter updates its operand's buffer)
@@ -56,49 +50,8 @@ PARTIAL_ACCESS = {
     "dynamic_update_slice": (0, 1, True),
     SCAN_STACK: (0, 0, True),  # an iteration's slice of the stack (`_moves_data`)
 }
-# Reductions XLA's multi-output fusion runs as one kernel when they are siblings (`shared_reads`)
-REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "reduce_prod"))
-
-
-@dataclasses.dataclass(frozen=True)
-class FusionRules:
-    """How the target backend's XLA fuses, where backends differ (docs/design.md, "Compute t_C").
-
-    ``duplicate_producers``: an elementwise result read only by loop fusions is recomputed in
-    each of them, however many (XLA:GPU duplicates the producer: softmax's masked, shifted
-    exponentials are never written); without it, only a result with one reader is.
-    ``sibling_reductions``: sibling reductions share their read (`shared_reads`).
-    ``operand_copies``: a contraction reads its operands in one layout, and copies those it
-    finds in another first (`copied_operands`; XLA:CPU), a kernel each.
-    ``multi_output``: the tensors a node's elementwise members write come from one kernel
-    (multi-output fusion), else from a loop fusion each (`_cones`; XLA:CPU).
-    ``expand_select_and_scatter``: a max pool's gradient runs as XLA's select-and-scatter
-    expansion (`expanded_select_and_scatter`; XLA:CPU), not as one kernel.
-    """
-
-    duplicate_producers: bool
-    sibling_reductions: bool
-    operand_copies: bool = False
-    multi_output: bool = True
-    expand_select_and_scatter: bool = False
-
-
-ACCELERATOR_FUSION = FusionRules(duplicate_producers=True, sibling_reductions=True)
-CPU_FUSION = FusionRules(
-    duplicate_producers=False,
-    sibling_reductions=False,
-    operand_copies=True,
-    multi_output=False,
-    expand_select_and_scatter=True,
-)
 SELECT_AND_SCATTER = "select_and_scatter_add"
 INDEX_ITEMSIZE = 4  # XLA's index arrays are s32
-
-
-def fusion_for(platform: str) -> FusionRules:
-    """The rules of a mesh's platform: XLA:CPU's for a CPU mesh (its compiled program is what
-    `verify` checks), GPU/TPU rules for an accelerator or an abstract mesh."""
-    return CPU_FUSION if platform == "cpu" else ACCELERATOR_FUSION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,178 +82,6 @@ class Kernel:
         return bool(self.writes or self.extra)
 
 
-@dataclasses.dataclass
-class _ProgramIndex:
-    """What `node_kernels` asks of every tensor, computed once per program."""
-
-    producer: dict[int, Equation]  # tensor -> the equation making it
-    readers: dict[int, list[int]]  # tensor -> equations reading it
-    results: frozenset[int]  # the program's results
-    sources: dict[tuple[int, bool], tuple[int, ...]]  # memo of `_computed_from` per rule
-    fusing: dict[int, bool]  # memo of `_fuses`
-    recomputed: dict[tuple[int, bool], bool]  # memo of `recomputed` per rule
-    siblings: dict[FusionRules, dict[int, tuple[tuple[int, int], ...]]]  # memo of `shared_reads`
-
-
-_INDEX: dict[int, tuple[weakref.ref, _ProgramIndex]] = {}
-
-
-def _index(program: Program) -> _ProgramIndex:
-    key = id(program)
-    hit = _INDEX.get(key)
-    if hit is None or hit[0]() is not program:
-        producer = {t: e for e in program.eqns for t in e.outputs}
-        # what is written whoever reads it: the program's results, and what a loop body
-        # returns to its next iteration (its carry)
-        results = frozenset(t for t in program.outvars if t is not None) | frozenset(
-            t for region in program.regions for t in region.carry_out if t is not None
-        )
-        index = _ProgramIndex(producer, program.consumers(), results, {}, {}, {}, {})
-        hit = (weakref.ref(program), index)
-        _INDEX[key] = hit
-        weakref.finalize(program, _INDEX.pop, key, None)
-    return hit[1]
-
-
-def recomputed(program: Program, tid: int, rules: FusionRules = ACCELERATOR_FUSION) -> bool:
-    """Whether tensor ``tid`` is never written to memory because XLA computes it inside the
-    kernels that read it: a reshape's result is a bitcast of its operand (`ALIASES`), a dot's
-    result transposed (`_folded_into_dot`) is the dot's; an elementwise or layout result
-    (`RECOMPUTED_PRODUCERS`) that is no program result and whose reading equations all fuse
-    it (`_fuses`) is computed in each of them (XLA's producer-consumer fusion). With one
-    reader on every backend; with several only where the backend duplicates producers
-    (`FusionRules.duplicate_producers`), else it is written once."""
-    index = _index(program)
-    key = (tid, rules.duplicate_producers)
-    hit = index.recomputed.get(key)
-    if hit is None:
-        hit = index.recomputed[key] = _recomputed(program, index, tid, rules)
-    return hit
-
-
-def _recomputed(program: Program, index: _ProgramIndex, tid: int, rules: FusionRules) -> bool:
-    eqn = index.producer.get(tid)
-    if eqn is None or tid in index.results:
-        return False
-    if eqn.primitive in ALIASES or _folded_into_dot(index, eqn):
-        return True
-    readers = set(index.readers.get(tid, ()))
-    if eqn.primitive not in RECOMPUTED_PRODUCERS or not readers:
-        return False
-    if len(readers) > 1 and not rules.duplicate_producers:
-        return False
-    if not all(_fuses(program, r) for r in readers):
-        return False
-    if len(readers) == 1:
-        return True
-    # duplicated into several readers: only where recomputing reads no more than writing it
-    # once and reading it in each reader would (XLA:GPU's priority fusion weighs the same)
-    again = sum(program.tensors[s].nbytes for s in _computed_from(program, tid, rules))
-    return len(readers) * again <= (1 + len(readers)) * program.tensors[tid].nbytes
-
-
-def _folded_into_dot(index: _ProgramIndex, eqn: Equation) -> bool:
-    """Whether ``eqn`` transposes a dot's result that nothing else reads: XLA's algebraic
-    simplifier makes transpose(dot(a, b)) one dot writing the transposed layout (a scanned
-    weight gradient, transposed into its stack), so the transpose is never written."""
-    if eqn.primitive != "transpose":
-        return False
-    src = eqn.inputs[0]
-    made = index.producer.get(src)
-    return (
-        made is not None
-        and made.primitive == "dot_general"
-        and src not in index.results
-        and index.readers.get(src) == [eqn.index]
-    )
-
-
-def _fuses(program: Program, reader: int) -> bool:
-    """Whether equation ``reader`` runs in a loop fusion that can compute its operands'
-    producers (`FUSING_READERS`); a reshape fuses when every reader of its result does."""
-    index = _index(program)
-    hit = index.fusing.get(reader)
-    if hit is None:
-        eqn = program.eqns[reader]
-        hit = eqn.primitive in FUSING_READERS
-        if hit and eqn.primitive in ALIASES:
-            hit = all(_fuses(program, r) for t in eqn.outputs for r in index.readers.get(t, ()))
-        index.fusing[reader] = hit
-    return hit
-
-
-def _sources(
-    program: Program, tid: int, fusing: bool, rules: FusionRules = ACCELERATOR_FUSION
-) -> tuple[int, ...]:
-    """The tensors a kernel reads from memory to use ``tid``: through reshapes, their operand;
-    for a loop fusion (``fusing``) reading a `recomputed` tensor, the sources of its
-    producer's operands; else ``tid`` itself."""
-    index = _index(program)
-    eqn = index.producer.get(tid)
-    if eqn is None or not recomputed(program, tid, rules):
-        return (tid,)
-    if eqn.primitive in ALIASES or _folded_into_dot(index, eqn):
-        return _sources(program, eqn.inputs[0], fusing, rules)
-    if not fusing:
-        return (tid,)
-    return _computed_from(program, tid, rules)
-
-
-def _computed_from(program: Program, tid: int, rules: FusionRules) -> tuple[int, ...]:
-    """What a loop fusion recomputing ``tid`` reads from memory: the sources (`_sources`) of
-    its producer's operands (memo: `_recomputed` weighs them before `_sources` uses them)."""
-    index = _index(program)
-    key = (tid, rules.duplicate_producers)
-    hit = index.sources.get(key)
-    if hit is None:
-        ops = [t for t in index.producer[tid].inputs if t is not None]
-        hit = tuple(dict.fromkeys(s for t in ops for s in _sources(program, t, True, rules)))
-        index.sources[key] = hit
-    return hit
-
-
-def shared_reads(
-    program: Program, rules: FusionRules = ACCELERATOR_FUSION
-) -> dict[int, tuple[tuple[int, int], ...]]:
-    """Reduction equation -> (tensor, earlier sibling equation) for each tensor it reads from
-    memory (`_sources` of its operand) that an earlier sibling reduction already reads.
-
-    XLA's multi-output fusion runs reductions of the same operand shape over the same axes that
-    read a common tensor and do not depend on each other as one kernel reading it once (a
-    batch norm's Σx and Σx², the Σdy and Σdy·x̂ of its backward): the later sibling's kernel
-    does not read it again.
-
-    Only direct dependence is checked (the later reduction reading the earlier one's result
-    through its fused producers, as softmax's Σexp(x - max x) does); a dependence through
-    another kernel is not seen. Empty where the backend does not (`FusionRules`).
-    """
-    index = _index(program)
-    if rules in index.siblings:
-        return index.siblings[rules]
-    if not rules.sibling_reductions:
-        index.siblings[rules] = {}
-        return {}
-    first: dict[tuple, Equation] = {}  # (tensor read, operand shape, axes) -> first reduction
-    shared: dict[int, tuple[tuple[int, int], ...]] = {}
-    for eqn in program.eqns:
-        op = eqn.inputs[0] if eqn.inputs else None
-        if eqn.primitive not in REDUCTIONS or op is None:
-            continue
-        kind = (program.tensors[op].shape, tuple(eqn.params.get("axes", ())))
-        reads = _sources(program, op, True, rules)
-        mine = []
-        for src in reads:
-            earlier = first.get((src, *kind))
-            if earlier is not None and earlier.outputs[0] not in reads:
-                mine.append((src, earlier.index))
-            else:
-                first.setdefault((src, *kind), eqn)
-        if mine:
-            shared[eqn.index] = tuple(mine)
-    index.siblings[rules] = shared
-    return shared
-
-
 def node_kernels(
     ng: NodeGraph, node: Node, rules: FusionRules = ACCELERATOR_FUSION
 ) -> tuple[Kernel, ...]:
@@ -320,7 +101,7 @@ def node_kernels(
       it: `_read_outside`), or is a program result, once; tensors made and read inside it are
       not memory traffic, nor are dead results (XLA removes them).
     - XLA fuses elementwise producers into loop-fusion readers: a `recomputed` tensor is not
-      written; its readers read what it is computed from (`_sources`) instead. A kernel that
+      written; its readers read what it is computed from (`read_sources`) instead. A kernel that
       writes nothing runs inside its readers' kernels: it keeps its FLOPs but reads nothing
       and costs no launch (`Kernel.runs`).
     - Scan carries, slices, stacks and cond merges (`graph.REGION_PRIMITIVES`) move no data.
@@ -391,8 +172,10 @@ def _cone_reads(
     rules: FusionRules,
 ) -> tuple[tuple[int, int, DimMap], ...]:
     """`Kernel.reads` of a kernel of ``members``: what each reads from outside the kernel
-    (`_sources` of its operands; a contraction reads them as they are), once, less what an
-    earlier sibling reduction outside the node's ``own`` equations reads for it."""
+    (`read_sources` of its operands; a contraction reads them as they are), once, less what an
+    earlier sibling reduction outside the node's ``own`` equations reads for it. A source read
+    through a recomputed row reduction (`whole_sources`) is read whole: its read is bounded by
+    itself, sharded like the operand (whose dims are its rows')."""
     eqns = program.eqns
     made = {t for i in members for t in eqns[node.members[i].eqn].outputs}
     reads: dict[int, tuple[int, DimMap]] = {}
@@ -401,9 +184,10 @@ def _cone_reads(
         for t, mp in zip(eqns[m.eqn].inputs, m.in_maps, strict=True):
             if t is None or mp is None or t in made:
                 continue
-            for s in _sources(program, t, not contraction, rules):
+            whole = () if contraction else whole_sources(program, t, rules)
+            for s in read_sources(program, t, not contraction, rules):
                 if s not in made:
-                    reads.setdefault(s, (t, mp))
+                    reads.setdefault(s, (s if s in whole else t, mp))
     skip = {
         src
         for i in members
@@ -473,7 +257,7 @@ def _writes(
 ) -> dict[int, DimMap]:
     """The tensors the members ``group`` (equations ``own``) write: program results, and what
     is read outside them and not recomputed there (`_read_outside`)."""
-    index = _index(program)
+    index = program_index(program)
     writes: dict[int, DimMap] = {}
     for i in group:
         m = node.members[i]
@@ -518,7 +302,7 @@ def _cones(
     ]
     if not rules.multi_output or len(cones) == 1:
         return cones
-    producer = _index(program).producer
+    producer = program_index(program).producer
     made = set(maker)
 
     def span(members: set[int], ws: tuple) -> tuple[int, int]:
@@ -529,7 +313,7 @@ def _cones(
                 for i in members
                 for t in eqns[node.members[i].eqn].inputs
                 if t is not None and t not in made
-                for s in _sources(program, t, True, rules)
+                for s in read_sources(program, t, True, rules)
                 if s in producer
             ),
             default=-1,
@@ -570,7 +354,7 @@ def _read_outside(program: Program, tid: int, own: set[int], rules: FusionRules)
     """Whether an equation outside ``own`` (a kernel's equations) reads ``tid``: directly, or
     by recomputing a `recomputed` tensor made from it (a layer norm's mean, read through the
     division and subtraction its readers recompute), which reads ``tid`` from memory."""
-    index = _index(program)
+    index = program_index(program)
     stack, seen = [tid], {tid}
     while stack:
         for r in index.readers.get(stack.pop(), ()):
@@ -598,7 +382,7 @@ def _partial_access(
         for k, (t, mp) in enumerate(zip(eqn.inputs, m.in_maps, strict=True)):
             if t is None or mp is None:
                 continue
-            sources = _sources(program, t, fusing, rules)
+            sources = read_sources(program, t, fusing, rules)
             if access is not None and k == access[0]:
                 if access[1] < 0:
                     bound = (eqn.outputs[0], m.out_maps[0])
@@ -626,6 +410,6 @@ def _moves_data(program: Program, eqn: Equation, rules: FusionRules) -> bool:
         return eqn.primitive not in REGION_PRIMITIVES
     if eqn.inputs[0] is None:
         return False
-    index = _index(program)
-    made = [index.producer.get(s) for s in _sources(program, eqn.inputs[0], False, rules)]
+    index = program_index(program)
+    made = [index.producer.get(s) for s in read_sources(program, eqn.inputs[0], False, rules)]
     return any(e is not None and e.primitive in CONTRACTION_PRIMITIVES for e in made)

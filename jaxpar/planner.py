@@ -28,11 +28,11 @@ from .choose import Choice, choose
 from .combine import Combiner, combiner_for
 from .cost import CostParams, is_grad_sync
 from .evaluate import EvalContext
+from .fusion import fusion_for
 from .graph import Program
 from .hardware import Cluster
 from .hardware.mesh_model import mesh_axes, mesh_speeds, slowest_device, smallest_memory
 from .hardware.speeds import MeshSpeeds
-from .kernels import fusion_for
 from .labels import batch_dims, node_labels
 from .memory import MemoryModel
 from .memory_estimate import RESERVE_FRACTION, MemoryBudgetError, arg_kind, gb

@@ -75,7 +75,7 @@ def test_reshape_maps_major_dims():
 PURE_CORE = (
     "graph", "opspace", "rules", "rules_contractions", "rules_indexing", "rules_loops", "nodes",
     "labels", "configs", "collectives", "reshard", "reshard_tables", "operand_layouts",
-    "kernels", "contraction_calls", "cost", "tables", "blocks", "combine", "overlap",
+    "fusion", "kernels", "contraction_calls", "cost", "tables", "blocks", "combine", "overlap",
     "step_timeline",
     "search", "kcut", "baselines", "evaluate", "buffers", "buffer_reads", "memory_estimate",
     "memory", "held", "budget", "verify", "hlo_text", "hardware", "hardware.devices",
@@ -295,7 +295,8 @@ def test_an_elementwise_result_read_by_one_reduction_is_computed_inside_it():
     reduction, which recomputes it (XLA's producer-consumer fusion): the epilogue writes nothing
     and costs no launch, and the reduction reads y."""
     from jaxpar.cost import node_work
-    from jaxpar.kernels import node_kernels, recomputed
+    from jaxpar.fusion import recomputed
+    from jaxpar.kernels import node_kernels
 
     ng = _tiny_program(lambda x, w: ((x @ w) * (x @ w)).sum(), (4, 8), (8, 16))
     node = _node_of(ng, "dot_general")
@@ -321,7 +322,8 @@ def test_sibling_reductions_share_their_read():
     max it depends on, so it is no sibling and reads x again."""
     import jax.numpy as jnp
 
-    from jaxpar.kernels import node_kernels, shared_reads
+    from jaxpar.fusion import shared_reads
+    from jaxpar.kernels import node_kernels
 
     def stats(x):
         return x.sum(axis=0), (x * x).sum(axis=0)
@@ -358,14 +360,8 @@ def test_fusion_rules_follow_the_backend():
     prices CPU rules, any other mesh the accelerator's."""
     import jax.numpy as jnp
 
-    from jaxpar.kernels import (  # fmt: skip
-        ACCELERATOR_FUSION,
-        CPU_FUSION,
-        fusion_for,
-        node_kernels,
-        recomputed,
-        shared_reads,
-    )
+    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION, fusion_for, recomputed, shared_reads
+    from jaxpar.kernels import node_kernels
 
     def softmax(x):
         e = jnp.exp(x - x.max(axis=1, keepdims=True))
@@ -397,7 +393,8 @@ def test_xla_cpu_copies_a_kernel_gradients_operands_first():
     import jax
 
     from jaxpar.cost import node_work
-    from jaxpar.kernels import ACCELERATOR_FUSION, CPU_FUSION, node_kernels
+    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION
+    from jaxpar.kernels import node_kernels
 
     def loss(w, x):
         y = jax.lax.conv_general_dilated(
@@ -436,7 +433,7 @@ def test_xla_cpu_writes_each_result_of_an_elementwise_node_from_a_fusion_of_its_
     import optax
 
     from jaxpar.cost import node_work
-    from jaxpar.kernels import ACCELERATOR_FUSION, CPU_FUSION
+    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION
     from jaxpar.nodes import build_nodes
     from jaxpar.trace import trace
 
@@ -484,7 +481,7 @@ def test_xla_cpu_expands_a_max_pool_gradient(shape, window, strides):
     import jax.numpy as jnp
 
     from jaxpar.cost import node_work
-    from jaxpar.kernels import CPU_FUSION
+    from jaxpar.fusion import CPU_FUSION
 
     def pool(x):
         return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, window, strides, "VALID")
@@ -670,8 +667,9 @@ def test_every_tensor_a_kernel_reads_is_written_or_an_input(name):
     (a layer norm's mean) must write it: before `kernels._read_outside` 13-32 tensors per model
     were read but never written, and their reductions cost nothing."""
     import models
+    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION
     from jaxpar.graph import REGION_PRIMITIVES
-    from jaxpar.kernels import ACCELERATOR_FUSION, CPU_FUSION, node_kernels
+    from jaxpar.kernels import node_kernels
     from jaxpar.nodes import build_nodes
     from jaxpar.trace import trace
 
@@ -698,7 +696,8 @@ def test_every_member_of_a_running_kernel_computes_what_it_writes(name):
     node (its shifted exponentials and its gradient) read the gradient's operands in the kernel
     that wrote only the sliced logits."""
     import models
-    from jaxpar.kernels import ACCELERATOR_FUSION, CPU_FUSION, node_kernels
+    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION
+    from jaxpar.kernels import node_kernels
     from jaxpar.nodes import build_nodes
     from jaxpar.trace import trace
 
@@ -730,14 +729,15 @@ def test_every_kernel_reads_only_what_was_made_before_it_writes(name):
     backward gradient, one node, were one kernel reading the backward product (6 such kernels
     in the small GPT, 4 in the CNN)."""
     import models
-    from jaxpar.kernels import ACCELERATOR_FUSION, CPU_FUSION, _index, node_kernels
+    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION, program_index
+    from jaxpar.kernels import node_kernels
     from jaxpar.nodes import build_nodes
     from jaxpar.trace import trace
 
     ex = models.get(name, small=True)
     program, _ = trace(ex.step, ex.args)
     ng = build_nodes(program)
-    made = _index(program).producer
+    made = program_index(program).producer
     for rules in (ACCELERATOR_FUSION, CPU_FUSION):
         for node in ng.nodes:
             for kernel in node_kernels(ng, node, rules):
@@ -758,9 +758,11 @@ def test_a_sliced_cross_entropy_reads_the_logits_once_per_pass_on_gpu():
     import jax
     import jax.numpy as jnp
 
-    from jaxpar.kernels import ACCELERATOR_FUSION, node_kernels
+    from jaxpar.fusion import ACCELERATOR_FUSION, ROW_REDUCTION_LIMIT
+    from jaxpar.kernels import node_kernels
 
-    b, s, d, v = 2, 9, 4, 64
+    # vocabulary rows wider than a normalization fusion takes (GPT-2's are 50,304 wide)
+    b, s, d, v = 2, 9, 4, ROW_REDUCTION_LIMIT + 64
 
     def grad_of_loss(h, w, labels):
         def loss(w):
@@ -789,6 +791,42 @@ def test_a_sliced_cross_entropy_reads_the_logits_once_per_pass_on_gpu():
     assert sorted(writes) == sorted([("broadcast_in_dim",), ("pad",)]), writes
 
 
+def test_gpu_recomputes_short_row_reductions_in_their_readers():
+    """The gradient of Σ softmax(x)·y over rows of at most `ROW_REDUCTION_LIMIT` on GPU rules:
+    the max is computed inside the kernels that read x's rows and never written; the forward
+    is one kernel reading x and writing the row sums, the backward one kernel reading x, the
+    sums and y and writing the gradient, as XLA:GPU's normalization fusions ran GPT-2's
+    attention softmax on an H100 (`bench/results/h100_hlo/gpt2_124m.hlo.gz`: fusion.939 reads
+    the scores and writes the sums, fusion.769 reads them again with the probabilities'
+    gradient). Rows wider than the limit keep their reductions in kernels of their own, which
+    read x again; CPU rules never recompute a reduction."""
+    import jax
+
+    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION, ROW_REDUCTION_LIMIT
+    from jaxpar.kernels import node_kernels
+
+    def traffic(rows, width, rules):
+        """(row-sized reads, row-sized writes, row sums written) of the step's kernels."""
+        ng = _tiny_program(
+            lambda x, y: jax.grad(lambda x: (jax.nn.softmax(x, axis=-1) * y).sum())(x),
+            (rows, width), (rows, width),
+        )  # fmt: skip
+        T = ng.program.tensors
+        big, reads, writes, sums = rows * width, 0, 0, 0
+        for node in ng.nodes:
+            for k in node_kernels(ng, node, rules):
+                if k.runs:
+                    reads += sum(T[s].size == big for s, _, _ in k.reads)
+                    writes += sum(T[t].size == big for t, _ in k.writes)
+                    sums += sum(T[t].size == rows for t, _ in k.writes)
+        return reads, writes, sums
+
+    assert traffic(16, 1024, ACCELERATOR_FUSION) == (3, 1, 1)
+    wide = traffic(2, ROW_REDUCTION_LIMIT * 2, ACCELERATOR_FUSION)
+    assert wide[0] > 3 and wide[2] >= 2  # the max written and x read again for it
+    assert traffic(16, 1024, CPU_FUSION)[0] > 3
+
+
 def test_gpu_duplicates_a_producer_only_where_recomputing_reads_less():
     """XLA:GPU recomputes an elementwise result in each of its fusing readers when that reads
     no more than writing it once and reading it back would: exp(x) read by two reductions is
@@ -796,7 +834,7 @@ def test_gpu_duplicates_a_producer_only_where_recomputing_reads_less():
     recomputing it would read all four in each reader."""
     import jax.numpy as jnp
 
-    from jaxpar.kernels import ACCELERATOR_FUSION, recomputed
+    from jaxpar.fusion import ACCELERATOR_FUSION, recomputed
 
     def cheap(x):
         t = jnp.exp(x)
