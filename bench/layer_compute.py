@@ -61,6 +61,7 @@ from jaxpar.cost import node_work
 from jaxpar.graph import BACKWARD, FORWARD, UPDATE, Program, layer_of, phase_of
 from jaxpar.kernels import node_kernels
 from jaxpar.measure import Sweep, median_seconds
+from jaxpar.measure_contractions import profiled_kernels
 from jaxpar.report import layer_name
 
 TIMING = Sweep(
@@ -297,32 +298,10 @@ def profile_kernels(
     fn: Any, args: Sequence[Any], calls: int
 ) -> tuple[list[tuple[str, float]], str]:
     """(HLO op, device seconds) of every kernel the device ran over ``calls`` profiled calls of
-    ``fn`` (after one warm call), and where they were read: an accelerator's device planes
-    (kernels, named by their ``hlo_op`` stat or, failing that, by the kernel's own name), or on
-    CPU the host's thunk events."""
+    ``fn`` (after one warm call), and where they were read (`measure_contractions.
+    profiled_kernels`: an accelerator's device planes, or on CPU the host's thunk events)."""
     jax.block_until_ready(fn(*args))
-    with tempfile.TemporaryDirectory() as where:
-        with jax.profiler.trace(where):
-            for _ in range(calls):
-                jax.block_until_ready(fn(*args))
-        (path,) = glob.glob(os.path.join(where, "**", "*.xplane.pb"), recursive=True)
-        data = jax.profiler.ProfileData.from_file(path)
-        device_planes = [
-            p for p in data.planes if p.name.startswith("/device:") and "CPU" not in p.name
-        ]
-        kernels: list[tuple[str, float]] = []
-        source = "device planes" if device_planes else "host thunks"
-        for plane in device_planes or data.planes:
-            for line in plane.lines:
-                if device_planes and not line.name.startswith("Stream"):
-                    continue  # derived lines ("XLA Ops", "XLA Modules") would count twice
-                for event in line.events:
-                    stats = _stats(event)
-                    op = stats.get("hlo_op")
-                    if op is None and not device_planes:
-                        continue
-                    kernels.append((str(op or event.name), event.duration_ns * 1e-9))
-    return kernels, source
+    return profiled_kernels(fn, args, calls)
 
 
 def profile_layout(fn: Any, args: Sequence[Any]) -> list[dict[str, Any]]:

@@ -31,7 +31,6 @@ from .cli_input import (
     OBJECTIVE_CHOICES,
     SEARCH_CHOICES,
     STRATEGY_CHOICES,
-    DecoderBuild,
     arg_type,
     check_batch,
     check_cluster,
@@ -49,6 +48,7 @@ from .cli_input import (
     parse_seq_len,
     plural,
     positive_steps,
+    zoo_example,
 )
 from .options import DEFAULT_OBJECTIVE
 
@@ -183,49 +183,6 @@ def explanatory_tables(plans: dict[str, Any]) -> list[str]:
 
 
 # ---- checks that run before anything slow ------------------------------------------------------
-
-
-def zoo_example(
-    name: str,
-    batch: int | None,
-    small: bool,
-    dtype: Any,
-    devices: int,
-    build: DecoderBuild | None = None,
-) -> tuple[Any, int, str]:
-    """The zoo example, its global batch, and how the batch was chosen (``""``: --batch).
-
-    Without --batch: the model's default batch, rounded up to a multiple of the device count
-    so that it splits over the mesh (GPT's default of 8 sequences would not split over 16).
-    ``build``: how a large decoder is built (--remat, --scan-layers, --seq-len,
-    --capacity-factor).
-    """
-    import jax
-
-    build = build or DecoderBuild()
-
-    def example(batch: int | None) -> Any:
-        if build == DecoderBuild():
-            import models
-
-            return models.get(name, batch=batch, small=small, dtype=dtype)
-        from models.llama import llama_config, llama_example
-
-        cfg = llama_config(
-            name, small, remat=build.remat, batch=batch, seq_len=build.seq_len,
-            scan_layers=build.scan, capacity_factor=build.capacity,
-        )  # fmt: skip
-        return llama_example(name, cfg, dtype)
-
-    if batch is not None:
-        return example(batch), batch, ""
-    ex = example(None)
-    default = int(jax.tree.leaves(ex.args[1])[0].shape[0])
-    batch = -(-default // devices) * devices
-    if batch == default:
-        return ex, batch, "the model's default"
-    note = f"the model's default {default}, rounded up to a multiple of the {devices} devices"
-    return example(batch), batch, note
 
 
 def plan_command(args: argparse.Namespace) -> int:

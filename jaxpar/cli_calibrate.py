@@ -25,6 +25,7 @@ from .cli_input import (
     parse_calibration_dtype,
     parse_dtype,
     parse_mesh,
+    zoo_example,
 )
 
 DESCRIPTION = """\
@@ -93,7 +94,6 @@ def _with_model_table(calibration: Any, model: str, mesh: dict[str, int], args: 
     import jax.numpy as jnp
 
     import jaxpar
-    from jaxpar.cli import zoo_example
     from jaxpar.contraction_calls import plan_calls
 
     dtype = jnp.dtype(args.model_dtype or "float32")

@@ -1,4 +1,5 @@
-"""Command-line input: parsing and checking what the user typed, before anything slow runs.
+"""Command-line input: parsing and checking what the user typed, before anything slow runs, and
+building the zoo model it names (`zoo_example`, for ``jaxpar plan`` and ``jaxpar calibrate``).
 
 Every function raises ValueError (or argparse.ArgumentTypeError inside argparse) with one line
 that says what is wrong and how to fix it; `cli.main` prints it as ``jaxpar <command>: error:``.
@@ -375,3 +376,46 @@ def check_batch(batch: int, devices: int) -> None:
             f"parallelism (the baseline every comparison is against) cannot run; pass --batch "
             f"a multiple of {devices}, e.g. {fits}"
         )
+
+
+def zoo_example(
+    name: str,
+    batch: int | None,
+    small: bool,
+    dtype: Any,
+    devices: int,
+    build: DecoderBuild | None = None,
+) -> tuple[Any, int, str]:
+    """The zoo example, its global batch, and how the batch was chosen (``""``: --batch).
+
+    Without --batch: the model's default batch, rounded up to a multiple of the device count
+    so that it splits over the mesh (GPT's default of 8 sequences would not split over 16).
+    ``build``: how a large decoder is built (--remat, --scan-layers, --seq-len,
+    --capacity-factor).
+    """
+    import jax
+
+    build = build or DecoderBuild()
+
+    def example(batch: int | None) -> Any:
+        if build == DecoderBuild():
+            import models
+
+            return models.get(name, batch=batch, small=small, dtype=dtype)
+        from models.llama import llama_config, llama_example
+
+        cfg = llama_config(
+            name, small, remat=build.remat, batch=batch, seq_len=build.seq_len,
+            scan_layers=build.scan, capacity_factor=build.capacity,
+        )  # fmt: skip
+        return llama_example(name, cfg, dtype)
+
+    if batch is not None:
+        return example(batch), batch, ""
+    ex = example(None)
+    default = int(jax.tree.leaves(ex.args[1])[0].shape[0])
+    batch = -(-default // devices) * devices
+    if batch == default:
+        return ex, batch, "the model's default"
+    note = f"the model's default {default}, rounded up to a multiple of the {devices} devices"
+    return example(batch), batch, note

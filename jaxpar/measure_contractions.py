@@ -102,7 +102,7 @@ def call_seconds(
         for _ in range(sweep.warmup):
             jax.block_until_ready(program(*operands))
         runs = sweep.calls * sweep.repeats
-        kernels = profiled_kernels(program, operands, runs)
+        kernels, _ = profiled_kernels(program, operands, runs)
         own = [seconds for op, seconds in kernels if _hlo_name(op) in ops]
         if own:
             return sum(own) / (runs * copies), True
@@ -141,26 +141,30 @@ def call_kernel_ops(hlo_text: str, primitive: str) -> set[str]:
     return {_hlo_name(n) for n in own}
 
 
-def profiled_kernels(fn: Callable[..., Any], args: Sequence[Any], runs: int) -> list:
-    """(HLO op, device seconds) of every kernel the accelerator ran over ``runs`` calls of
-    ``fn`` (read from the profile's device planes)."""
+def profiled_kernels(
+    fn: Callable[..., Any], args: Sequence[Any], runs: int
+) -> tuple[list[tuple[str, float]], str]:
+    """(HLO op, device seconds) of every kernel the device ran over ``runs`` calls of ``fn``,
+    and where they were read: an accelerator's device planes (each kernel named by its
+    ``hlo_op`` stat, else by its own name), or on the CPU the host's thunk events (those with
+    an ``hlo_op``)."""
     with tempfile.TemporaryDirectory() as where:
         with jax.profiler.trace(where):
             for _ in range(runs):
                 jax.block_until_ready(fn(*args))
         (path,) = glob.glob(os.path.join(where, "**", "*.xplane.pb"), recursive=True)
         data = jax.profiler.ProfileData.from_file(path)
+    devices = [p for p in data.planes if p.name.startswith("/device:") and "CPU" not in p.name]
     out = []
-    for plane in data.planes:
-        if not plane.name.startswith("/device:") or "CPU" in plane.name:
-            continue
+    for plane in devices or data.planes:
         for line in plane.lines:
-            if not line.name.startswith("Stream"):
-                continue  # derived lines ("XLA Ops") repeat the kernels
+            if devices and not line.name.startswith("Stream"):
+                continue  # derived lines ("XLA Ops", "XLA Modules") repeat the kernels
             for event in line.events:
                 op = dict(event.stats).get("hlo_op")
-                out.append((str(op or event.name), event.duration_ns * 1e-9))
-    return out
+                if op is not None or devices:
+                    out.append((str(op or event.name), event.duration_ns * 1e-9))
+    return out, "device planes" if devices else "host thunks"
 
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$")

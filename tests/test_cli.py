@@ -121,8 +121,7 @@ def test_plan_large_decoder_with_remat_and_scanned_layers(tmp_path, capsys):
     assert not any("['block0']" in path for path in auto["in_specs"])
     assert any("rematted_computation" in row["layer"] for row in auto["layers"])
     # what was planned: 16 sequences of 32 tokens (16 by default), the blocks scanned
-    from jaxpar.cli import zoo_example
-    from jaxpar.cli_input import DecoderBuild
+    from jaxpar.cli_input import DecoderBuild, zoo_example
 
     build = DecoderBuild(remat=True, scan=True, seq_len=32)
     ex, batch, _ = zoo_example("llama3_8b", None, True, "float32", 8, build)
