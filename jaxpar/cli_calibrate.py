@@ -106,7 +106,7 @@ def _with_model_table(calibration: Any, model: str, mesh: dict[str, int], args: 
         plan, calibration, quick=args.quick, progress=lambda line: print("  " + line, flush=True)
     )
     added = len(calibration.contractions) - before
-    print(f"measured {added} new calls ({len(calls) - added} already measured or rejected)")
+    print(f"measured {added} new calls ({len(calls) - added} measured before or not run)")
     return calibration
 
 

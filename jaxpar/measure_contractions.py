@@ -234,9 +234,16 @@ def measure_contractions(
     calls = plan_calls(plan.ng, plan.tables.configs, plan.params.mesh.sizes)
     if max_calls is not None:
         calls = calls[:max_calls]
-    measured, _, with_copies = contraction_table(
+    measured, failed, with_copies = contraction_table(
         calls, device=device, quick=quick, progress=progress
     )
+    if failed:
+        key, why = next(iter(failed.items()))
+        warnings.warn(
+            f"{len(failed)} of {len(calls)} library calls could not run on this device and keep "
+            f"the cost model's price; the first, {key}: {why}",
+            stacklevel=2,
+        )
     if with_copies:
         warnings.warn(
             f"{len(with_copies)} of {len(calls)} library calls were timed with their operands' "

@@ -264,3 +264,23 @@ def test_calibrate_adds_a_models_table_from_an_earlier_file(tmp_path, capsys, mo
         assert main(["calibrate", "--quick", "--out", str(tmp_path / "x.json"), *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and fragment in err, err
+
+
+@pytest.mark.api
+def test_a_call_the_device_rejects_keeps_the_model_price_and_is_reported(cnn_plan, monkeypatch):
+    """A call XLA cannot run (here a convolution whose feature groups a split broke) is left
+    out of the table with a warning naming it; the other calls are measured."""
+    import importlib
+
+    mc = importlib.import_module("jaxpar.measure_contractions")  # the package exports a function
+    plan, _, cal = cnn_plan
+    good = next(c for c in plan_calls(plan.ng, plan.tables.configs, plan.params.mesh.sizes)
+                if c.primitive == "dot_general")  # fmt: skip
+    conv = next(c for c in plan_calls(plan.ng, plan.tables.configs, plan.params.mesh.sizes)
+                if c.primitive == "conv_general_dilated")  # fmt: skip
+    broken = dataclasses.replace(conv, params={**conv.params, "feature_group_count": 7})
+    monkeypatch.setattr(mc, "plan_calls", lambda *_: [good, broken])
+    with pytest.warns(UserWarning, match="1 of 2 library calls could not run") as record:
+        tabled = jaxpar.measure_contractions(plan, cal, quick=True)
+    assert broken.key in str(record[0].message)
+    assert set(tabled.contraction_table) == {good.key}
