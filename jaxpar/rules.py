@@ -3,7 +3,7 @@
 Elementwise ops, shapes and layouts, reductions, slicing, random bits and windows are here;
 contractions (dot_general, grouped matmuls, convolutions) in `rules_contractions`; gather and
 the scatter family in `rules_indexing`; a planned scan's carry, slice and stack in
-`rules_loops`. Unknown primitives, ``while``/``cond`` and custom calls run replicated
+`rules_loops`. Unknown primitives, a ``while`` of unknown trip count and custom calls run replicated
 (`space_of`), with one warning naming the primitive and the layer.
 
 Pure (no jax import): params are read by attribute, never constructed.
@@ -425,13 +425,14 @@ def split_rule(eqn: Equation, program: Program) -> OpSpace:
 # Control flow, custom calls and random-bit generation XLA cannot partition: one replicated
 # node each (documented), warned about once per planning run with the reason here; key
 # bookkeeping (seed, wrap, split, fold_in) and debug callbacks are too small to mention.
-_LOOPS = (
-    "is planned as one replicated node (while loops, cond and custom calls are not planned "
-    "inside; scan is)"
+_LOOPS = "is planned as one replicated node (custom calls are not planned inside)"
+_WHILE = (
+    "is planned as one replicated node: its trip count is not known when tracing (its condition "
+    "reads values the step computes); scans and loops of a fixed count are planned inside"
 )
 _BITS = "generates random bits, which XLA's partitioner does not split"
 REPLICATED_WARNED = {
-    "scan": _LOOPS, "while": _LOOPS, "cond": _LOOPS, "custom_call": _LOOPS,
+    "scan": _LOOPS, "while": _WHILE, "cond": _LOOPS, "custom_call": _LOOPS,
     "pure_callback": "calls back into Python on the host",
     "io_callback": "calls back into Python on the host",
     "threefry2x32": _BITS, "rng_bit_generator": _BITS, "rng_uniform": _BITS,

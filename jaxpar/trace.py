@@ -6,8 +6,10 @@ the planner sees every equation. A ``scan`` (``lax.scan``, ``nn.scan``, ``nnx.sc
 `graph.SCAN_SLICE` equations that bring in the carry and the per-iteration slices and the
 `graph.SCAN_STACK` equations that stack the ys, and is recorded as a `graph.Region`: the planner
 plans the body once and prices it per iteration. A ``cond`` has every branch inlined, each
-result merged by a `graph.COND_MERGE` equation into one layout. ``while`` (a trip count known only
-at run time) stays one equation, planned as one replicated node (see `rules.py`).
+result merged by a `graph.COND_MERGE` equation into one layout. A ``while`` whose trip count tracing
+can know (`while_trips`: a ``fori_loop`` with array bounds, a counter against a constant) is
+inlined as a scan of that count over its carry; any other ``while`` stays one equation, planned
+as one replicated node (see `rules.py`).
 
 Non-array leaves of the arguments (Python scalars, strings, None) are static: they are part of the
 signature and are closed over, exactly as `jax.jit(static_argnums=...)` would treat them.
@@ -41,6 +43,7 @@ from .graph import (
     Region,
     Tensor,
 )
+from .while_trips import counted_trips
 
 # Primitives whose body is inlined; the param that holds the body differs between them.
 _INLINE_PARAMS = {
@@ -160,6 +163,9 @@ class _Flattener:
             if name in ("scan", "cond"):
                 getattr(self, name)(eqn, env, stack)
                 continue
+            if name == "while" and (trips := counted_trips(eqn, self.constant(env))) is not None:
+                self.counted_while(eqn, env, stack, trips)
+                continue
             body_key = _INLINE_PARAMS.get(name)
             if body_key and body_key in eqn.params:
                 if (
@@ -250,6 +256,45 @@ class _Flattener:
             index=index, kind=SCAN, parent=parent, trips=int(p["length"]), first=first,
             bodies=(span,), end=len(self.eqns), carry_out=tuple(results[:n_carry]),
             reverse=bool(p["reverse"]), unroll=p.get("unroll", 1),
+        )  # fmt: skip
+        self.region = parent
+
+    def constant(self, env: dict) -> Any:
+        """The value of an operand known when tracing (a literal, a constant), or None."""
+
+        def value(atom: Any) -> Any:
+            tid, lit = self.read(env, atom)
+            return lit if tid is None else self.consts.get(tid)
+
+        return value
+
+    def counted_while(self, eqn: Any, env: dict, stack: str, trips: int) -> None:
+        """Inline a ``while`` of a known trip count (`while_trips`) as a scan `Region` over its
+        body: the carry is the loop's, nothing is sliced or stacked, and the condition, which
+        only counts, is dropped (the body still updates the counter)."""
+        p = eqn.params
+        body, cn, bn = p["body_jaxpr"], p["cond_nconsts"], p["body_nconsts"]
+        # JAX keeps a while body's dead equations (a loss value only its gradient's trace
+        # computed); XLA drops them, as it does a scan body's
+        closed = jex_core.ClosedJaxpr(_without_dead_code(body.jaxpr), body.consts)
+        invars, operands = closed.jaxpr.invars, list(eqn.invars)[cn:]
+        first = len(self.eqns)
+        index, parent = self.enter()
+        inner_env = {
+            iv: self.operand(env, atom, iv.aval)
+            for iv, atom in zip(invars[:bn], operands[:bn], strict=True)
+        }
+        for iv, atom in zip(invars[bn:], operands[bn:], strict=True):
+            tid, lit = self.read(env, atom)
+            inner_env[iv] = self.new_tensor(iv.aval)
+            self.add(SCAN_CARRY, {}, [tid], [lit], [inner_env[iv]], stack)
+        span, results = self.body(closed, inner_env, stack)
+        for outer, tid in zip(eqn.outvars, results, strict=True):
+            if not isinstance(outer, jex_core.DropVar):
+                env[outer] = tid
+        self.regions[index] = Region(
+            index=index, kind=SCAN, parent=parent, trips=trips, first=first, bodies=(span,),
+            end=len(self.eqns), carry_out=tuple(results),
         )  # fmt: skip
         self.region = parent
 

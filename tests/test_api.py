@@ -151,8 +151,9 @@ def test_prng_and_static_leaves():
 
 @pytest.mark.api
 def test_control_flow_is_one_replicated_node():
-    """A while loop stays one equation, planned replicated (documented); a scan's body is
-    planned (`graph.Region`); both run."""
+    """A while loop whose condition reads computed values stays one equation, planned
+    replicated (documented); a scan's body and a while loop of a fixed count are planned
+    (`graph.Region`); all of them run."""
 
     def step(w, x):
         def body(carry, row):
@@ -162,6 +163,7 @@ def test_control_flow_is_one_replicated_node():
         _, total = jax.lax.while_loop(
             lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 0.5), (0, total)
         )
+        total = jax.lax.while_loop(lambda c: c.sum() > 1.0, lambda c: c * 0.5, total)
         g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
         return w - 0.1 * g, total
 
@@ -173,9 +175,11 @@ def test_control_flow_is_one_replicated_node():
     for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref), strict=True):
         assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
     plan = sharded.plan
-    prims = {plan.program.eqns[n.anchor].primitive: n for n in plan.ng.nodes if n.anchor >= 0}
-    assert prims["while"].space.replicated and "scan" not in prims
-    assert [loop.trips for loop in plan.program.regions] == [16]
+    anchored = [(plan.program.eqns[n.anchor].primitive, n) for n in plan.ng.nodes if n.anchor >= 0]
+    loops = [n for prim, n in anchored if prim == "while"]
+    assert len(loops) == 1 and loops[0].space.replicated  # the loop on data alone
+    assert not any(prim == "scan" for prim, _ in anchored)
+    assert [loop.trips for loop in plan.program.regions] == [16, 3]
 
 
 @pytest.mark.api

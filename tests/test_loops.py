@@ -268,6 +268,120 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 # ---------------------------------------------------------------- repeated layers
 
 
+# ---------------------------------------------------------------- while loops of a fixed count
+
+
+def _while_accum_step(w, batch):
+    """Gradient accumulation by a fori_loop whose bounds are jnp scalars: JAX lowers it to a
+    ``while`` (not a scan) whose count tracing still knows."""
+    xs, ys = batch
+
+    def loss(w, x, y):
+        return ((jnp.tanh(x @ w["a"]) @ w["b"])[:, 0] - y) ** 2
+
+    def micro(i, acc):
+        g = jax.grad(lambda w: loss(w, xs[i], ys[i]).mean())(w)
+        return jax.tree.map(jnp.add, acc, g)
+
+    n = xs.shape[0]
+    grads = jax.lax.fori_loop(jnp.int32(0), jnp.int32(n), micro, jax.tree.map(jnp.zeros_like, w))
+    return jax.tree.map(lambda p, g: p - 0.1 * g / n, w, grads), None
+
+
+def _while_eqn(fn, *args):
+    from jax.extend import core as jex_core
+
+    (eqn,) = [e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "while"]
+
+    def known(atom):
+        return atom.val if isinstance(atom, jex_core.Literal) else None
+
+    return eqn, known
+
+
+@pytest.mark.closed_form
+@pytest.mark.parametrize(
+    "loop,trips",
+    [
+        (
+            lambda x: jax.lax.while_loop(
+                lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1] * 2), (0, x)
+            ),
+            4,
+        ),
+        (lambda x: jax.lax.fori_loop(jnp.int32(1), jnp.int32(5), lambda i, c: c * 2, x), 4),
+        (
+            lambda x: jax.lax.while_loop(  # a closed-over bound, a step of 3, `le`
+                lambda c: c[0] <= jnp.array(10), lambda c: (c[0] + 3, c[1] * 2), (jnp.int32(1), x)
+            ),
+            4,
+        ),
+        (
+            lambda x: jax.lax.while_loop(  # counting down, two counters
+                lambda c: (c[0] > 0) & (c[1] < 100), lambda c: (c[0] - 1, c[1] + 1, c[2]), (7, 0, x)
+            ),
+            7,
+        ),
+    ],
+)
+def test_a_while_loop_of_a_fixed_count_has_its_count(loop, trips):
+    from jaxpar.while_trips import counted_trips
+
+    assert counted_trips(*_while_eqn(loop, jnp.ones(3))) == trips
+
+
+@pytest.mark.closed_form
+def test_a_while_loop_on_data_has_no_count(monkeypatch):
+    """A condition on the loop's data, a bound given as an argument, a loop that never runs or
+    runs past `MAX_TRIPS`: no count (the loop stays one replicated node)."""
+    from jaxpar import while_trips
+
+    on_data = lambda x: jax.lax.while_loop(lambda c: c.sum() < 1e3, lambda c: c * 2, x)
+    argument = lambda x, n: jax.lax.while_loop(
+        lambda c: c[0] < n, lambda c: (c[0] + 1, c[1]), (0, x)
+    )
+    never = lambda x: jax.lax.while_loop(lambda c: c[0] < 0, lambda c: (c[0] + 1, c[1]), (0, x))
+    long = lambda x: jax.lax.while_loop(lambda c: c[0] < 50, lambda c: (c[0] + 1, c[1]), (0, x))
+    for fn, args in (
+        (on_data, (jnp.ones(3),)),
+        (argument, (jnp.ones(3), 4)),
+        (never, (jnp.ones(3),)),
+    ):
+        assert while_trips.counted_trips(*_while_eqn(fn, *args)) is None
+    assert while_trips.counted_trips(*_while_eqn(long, jnp.ones(3))) == 50
+    monkeypatch.setattr(while_trips, "MAX_TRIPS", 49)
+    assert while_trips.counted_trips(*_while_eqn(long, jnp.ones(3))) is None
+
+
+@pytest.mark.numerics
+@pytest.mark.slow
+@pytest.mark.parametrize("axes", MESHES)
+def test_a_while_loop_of_a_fixed_count_is_planned_inside(axes, x64):
+    """Gradient accumulation as a counted ``while``: planned as a scan of its count (its body
+    once, priced per micro-batch), re-emitted as a scan; equal to the unsharded step in float64
+    under the auto plan and a model-parallel one; the predicted collectives equal the compiled
+    program's per step, and the auto plan shards the body's weights where it pays (two axes of
+    P100s)."""
+    rs = np.random.RandomState(0)
+    w = {"a": jnp.asarray(rs.randn(256, 1024) / 16), "b": jnp.asarray(rs.randn(1024, 8) / 16)}
+    batch = (jnp.asarray(rs.randn(4, 64, 256)), jnp.asarray(rs.randn(4, 64)))
+    ref = jax.jit(_while_accum_step)(w, batch)
+    for strategy in ("auto", "model"):
+        step = jaxpar.auto_shard(
+            _while_accum_step, mesh=jaxpar.make_mesh(axes), strategy=strategy, cluster="p100"
+        )
+        out = step(w, batch)
+        for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(ref), strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+        plan = step.plan
+        assert [(r.kind, r.trips) for r in plan.program.regions] == [("scan", 4)]
+        assert not any(e.primitive == "while" for e in plan.program.eqns)
+        check = fidelity(plan.collectives, step.lower(w, batch).compile())
+        assert check.ok() and check.counts_ok(), check.text
+        if strategy == "model" or len(axes) == 2:
+            assert plan.memory.params < sum(x.nbytes for x in jax.tree.leaves(w)), strategy
+
+
 @pytest.mark.closed_form
 def test_block_of_finds_the_indexed_component():
     assert block_of("Llama/block5/attn/q") == ("Llama/block#", 5)
