@@ -11,6 +11,9 @@ can know (`while_trips`: a ``fori_loop`` with array bounds, a counter against a 
 inlined as a scan of that count over its carry; any other ``while`` stays one equation, planned
 as one replicated node (see `rules.py`).
 
+``checkpoint_name`` (the ``name`` primitive) is dropped: JAX has applied the remat policy that
+reads it by the time the step is a jaxpr, and XLA never sees it.
+
 Non-array leaves of the arguments (Python scalars, strings, None) are static: they are part of the
 signature and are closed over, exactly as `jax.jit(static_argnums=...)` would treat them.
 """
@@ -162,6 +165,11 @@ class _Flattener:
             stack = f"{prefix}/{stack}" if prefix and stack else (prefix or stack)
             if name in ("scan", "cond"):
                 getattr(self, name)(eqn, env, stack)
+                continue
+            if name == "name" and not isinstance(eqn.invars[0], jex_core.Literal):
+                # `checkpoint_name`: an identity once JAX has applied the remat policy, and
+                # nothing in the compiled program
+                env[eqn.outvars[0]] = env[eqn.invars[0]]
                 continue
             if name == "while" and (trips := counted_trips(eqn, self.constant(env))) is not None:
                 self.counted_while(eqn, env, stack, trips)

@@ -98,6 +98,37 @@ def test_loops_warn_once_naming_the_layer(mesh, caplog):
     assert "Cumulative" in messages[0] and "replicated" in messages[0]
 
 
+@pytest.mark.api
+def test_checkpoint_names_are_identities(mesh, caplog):
+    """`checkpoint_name` (how MaxText marks what a remat policy saves) is an identity once JAX
+    has applied the policy: it makes no node and no warning. Before, it ran replicated, and a
+    data-parallel step gathered the named activation on every device."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    def step(w, x):
+        def loss(w):
+            h = checkpoint_name(jnp.tanh(x @ w["a"]), "hidden")
+            return (jnp.tanh(h @ w["b"]) ** 2).mean()
+
+        policy = jax.checkpoint_policies.save_only_these_names("hidden")
+        return jax.tree.map(
+            lambda p, g: p - 0.1 * g, w, jax.grad(jax.checkpoint(loss, policy=policy))(w)
+        )
+
+    rs = np.random.RandomState(0)
+    w = {"a": jnp.asarray(rs.randn(32, 64) / 8), "b": jnp.asarray(rs.randn(64, 16) / 8)}
+    x = jnp.asarray(rs.randn(64, 32))
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        sharded = jaxpar.auto_shard(step, mesh=mesh, strategy="data")
+        out = sharded(w, x)
+    assert not [r for r in caplog.records if "'name'" in r.getMessage()]
+    assert "name" not in {e.primitive for e in sharded.plan.program.eqns}
+    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(jax.jit(step)(w, x)), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    hlo = sharded.lower(w, x).compile().as_text()
+    assert "all-gather" not in hlo and "all-reduce" in hlo  # gradients reduced, nothing gathered
+
+
 class _DropoutMLP:
     """A linen MLP with dropout on its hidden and output activations, and its Adam step."""
 
