@@ -1,6 +1,7 @@
 """Sharding rules keyed by primitive: each equation's iteration space (see `opspace`).
 
-Elementwise ops, shapes and layouts, reductions, slicing, random bits and windows are here;
+Elementwise ops, shapes and layouts, reductions, slicing, random bits, windows, and FFTs and
+matrix factorizations over batch dims are here;
 contractions (dot_general, grouped matmuls, convolutions) in `rules_contractions`; gather and
 the scatter family in `rules_indexing`; a planned scan's carry, slice and stack in
 `rules_loops`. Unknown primitives, a ``while`` of unknown trip count and custom calls run replicated
@@ -484,6 +485,47 @@ def random_bits_rule(eqn: Equation, program: Program) -> OpSpace:
     return OpSpace(
         shape, (True,) * n, dim_names(n), ((None,) * keys,), (tuple(range(n)),),
         float(THREEFRY_OPS * words * math.prod(shape)),
+    )  # fmt: skip
+
+
+# Floating-point operations of one transform or factorization of the core dims (n points or an
+# n x n matrix): an FFT 5 n log2 n (Cooley-Tukey's count), Cholesky n^3 / 3, a triangular solve
+# n^2 per right-hand side, a symmetric eigendecomposition 9 n^3 (tridiagonal reduction and QR
+# iterations, Golub & Van Loan)
+def _core_flops(eqn: Equation, program: Program) -> float:
+    src = shape_of(program, eqn.inputs[0])
+    if eqn.primitive == "fft":
+        n = math.prod(eqn.params["fft_lengths"])
+        return 5.0 * n * max(1.0, math.log2(n))
+    n = src[-1]
+    if eqn.primitive == "triangular_solve":  # a [.., n, n], b [.., n, k] or [.., k, n]
+        return float(n * math.prod(shape_of(program, eqn.inputs[1])[-2:]))
+    return n**3 / 3.0 if eqn.primitive == "cholesky" else 9.0 * n**3
+
+
+@register_rule("fft", "cholesky", "triangular_solve", "eigh")
+def batched_core_rule(eqn: Equation, program: Program) -> OpSpace:
+    """FFTs over their trailing ``fft_lengths`` dims, and a matrix's Cholesky factor,
+    triangular solve or eigendecomposition over its trailing two: those core dims stay whole
+    (one transform is never split); the leading batch dims, the same in every operand and
+    result (a Shampoo preconditioner per layer, an FFT per channel), split like a batch.
+    ``flops = |batch| · core flops`` (`_core_flops`)."""
+    core = len(eqn.params["fft_lengths"]) if eqn.primitive == "fft" else 2
+    src = shape_of(program, eqn.inputs[0])
+    batch = src[: len(src) - core]
+    shapes = [shape_of(program, t) for t in (*eqn.inputs, *eqn.outputs) if t is not None]
+    if any(shape[: len(batch)] != batch for shape in shapes):
+        return replicated_space(eqn, program)
+    nb = len(batch)
+
+    def batch_map(shape: tuple[int, ...]) -> DimMap:
+        return tuple(range(nb)) + (None,) * (len(shape) - nb)
+
+    return OpSpace(
+        batch, (True,) * nb, dim_names(nb),
+        tuple(None if t is None else batch_map(shape_of(program, t)) for t in eqn.inputs),
+        tuple(batch_map(out_shape(eqn, program, i)) for i in range(len(eqn.outputs))),
+        float(math.prod(batch)) * _core_flops(eqn, program),
     )  # fmt: skip
 
 

@@ -65,13 +65,16 @@ def scatter_add_rule(eqn: Equation, program: Program) -> OpSpace:
     return _scatter_space(eqn, program, sum_scattered=True)
 
 
-@register_rule("scatter", "scatter_mul", "scatter_min", "scatter_max")
+@register_rule("scatter", "scatter-mul", "scatter-min", "scatter-max", "scatter-sub")
 def scatter_rule(eqn: Equation, program: Program) -> OpSpace:
-    """``x.at[i].set/mul/min/max(v)``: like scatter-add, but the scattered dims stay whole.
+    """``x.at[i].set/mul/min/max(v)``, ``segment_max``: like scatter-add, but the scattered
+    dims stay whole.
 
-    Updates that overwrite (or multiply, or take extremes) do not combine by a sum, so the
-    partial results a split scattered dim leaves cannot be completed by the planner's all-reduce;
-    window dims (following the operand) and batching dims still split.
+    Updates that overwrite (or multiply, or take extremes, or subtract from the operand) do not
+    combine by a sum, so the partial results a split scattered dim leaves cannot be completed by
+    the planner's all-reduce; window dims (following the operand) and batching dims still split.
+    (JAX names these primitives with a hyphen: until 2026-11-27 the rule was registered as
+    ``scatter_max`` and the like, and they ran replicated.)
     """
     return _scatter_space(eqn, program, sum_scattered=False)
 

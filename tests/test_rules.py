@@ -59,6 +59,71 @@ def test_scatter_set_splits_windows_but_never_scattered_dims(mesh):
     assert space.splittable[1]  # the window (feature) dim follows the operand and may split
 
 
+@pytest.mark.parametrize("combine", ["max", "min", "mul", "sub"])
+def test_scatter_extremes_products_and_differences_have_the_set_rule(mesh, caplog, combine):
+    """``segment_max`` (graph networks' pooling), ``.at[].min/multiply`` and a scatter-sub keep
+    their scattered dims whole and split the windows; no replicated fallback, no warning."""
+
+    def g(x, ids, v):
+        if combine == "sub":  # jnp has no spelling of it
+            dn = jax.lax.ScatterDimensionNumbers((1,), (0,), (0,))
+            return jax.lax.scatter_sub(x, ids[:, None], v, dn) * 2.0
+        if combine == "max":
+            return jax.ops.segment_max(v, ids, num_segments=16) * 2.0
+        at = x.at[ids]
+        return (at.min(v) if combine == "min" else at.multiply(v)) * 2.0
+
+    x = jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8) / 16
+    ids, v = jnp.array([1, 3, 5, 7, 3, 1]), jnp.arange(6 * 8, dtype=jnp.float32).reshape(6, 8)
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        step = jaxpar.auto_shard(g, mesh=mesh)
+        out = step(x, ids, v)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(g)(x, ids, v)), rtol=1e-6)
+    assert not [r for r in caplog.records if "scatter" in r.getMessage()]
+    (space,) = _spaces(step, f"scatter-{combine}")
+    assert not space.replicated
+    assert not any(space.splittable[d] for d in range(len(x.shape), len(space.sizes)))
+    assert space.splittable[1]  # the window (feature) dim
+
+
+def test_ffts_and_factorizations_split_their_batch(mesh, caplog):
+    """An FFT per channel (an FNO / Hyena-style mixer, under the gradient) and a Shampoo-style
+    update of stacked per-layer matrices (Cholesky, triangular solves, eigh): the core dims stay
+    whole, the batch dims split; no replicated fallback, no warning; equal to the unsharded
+    step."""
+
+    def step(w, x, stats):
+        def loss(w):
+            h = jnp.tanh(x @ w)  # [B, T, C]
+            f = jnp.fft.rfft(h, axis=1) * jnp.exp(-jnp.arange(h.shape[1] // 2 + 1.0))[:, None]
+            return (jnp.fft.irfft(f, n=h.shape[1], axis=1) ** 2).mean()
+
+        g = jax.grad(loss)(w)
+        gram = stats + 1e-3 * jnp.einsum("li,lj->lij", g[:4, :16], g[:4, :16]) + jnp.eye(16)
+        chol = jnp.linalg.cholesky(gram)
+        solved = jax.scipy.linalg.solve_triangular(
+            chol, jnp.ones(gram.shape[:-1])[..., None], lower=True
+        )
+        evals, _ = jnp.linalg.eigh(gram)
+        return w - 0.1 * g, solved[..., 0] + evals
+
+    rs = np.random.RandomState(0)
+    w, x = jnp.asarray(rs.randn(16, 32) / 4), jnp.asarray(rs.randn(8, 16, 16))
+    a = rs.randn(4, 16, 16)
+    stats = jnp.asarray(a @ a.transpose(0, 2, 1) / 16)
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        sharded = jaxpar.auto_shard(step, mesh=mesh, strategy="data")
+        out = sharded(w, x, stats)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    for got, want in zip(
+        jax.tree.leaves(out), jax.tree.leaves(jax.jit(step)(w, x, stats)), strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=2e-5)
+    for prim, batch in (("fft", 2), ("cholesky", 1), ("triangular_solve", 1), ("eigh", 1)):
+        spaces = _spaces(sharded, prim)
+        assert spaces and all(s.splittable == (True,) * batch for s in spaces), prim
+
+
 def test_scatter_add_still_splits_scattered_dims(mesh):
     def seg(data, ids):
         return jax.ops.segment_sum(data, ids, num_segments=4)
