@@ -90,7 +90,7 @@ class _Runner:
                 lit if tid is None else self.read(env, produced, tid, spec)
                 for tid, lit, spec in zip(eqn.inputs, eqn.literals, self.in_specs(i), strict=True)
             ]
-            if eqn.primitive == "sharding_constraint":  # the plan's layouts replace the user's
+            if eqn.primitive in ("sharding_constraint", "reshard"):  # the plan's layouts rule
                 outs = [invals[0]]
             else:
                 outs = eqn.bind.bind(*invals, **eqn.bind.get_bind_params(eqn.params))

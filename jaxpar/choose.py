@@ -379,7 +379,7 @@ def _unfiltered(ctx: EvalContext) -> tuple[list[list], Problem]:
     ng, params, tables = ctx.ng, ctx.params, ctx.tables
     ext_configs = []
     for node, cfgs in zip(ng.nodes, tables.configs, strict=True):
-        every = node_configs(ng, node, params.mesh.sizes)
+        every = node_configs(ng, node, params.mesh.sizes, names=params.mesh.names)
         ext_configs.append(every if set(cfgs) <= set(every) else cfgs)
     unary = [
         node_tables(ng, node, cfgs, params)[1]

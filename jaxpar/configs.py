@@ -113,17 +113,37 @@ def tensor_dims(ng: NodeGraph, node: Node) -> list[tuple[int, int]]:
     return out
 
 
+def manual_config(space: OpSpace, names: Sequence[str]) -> Config:
+    """The one configuration of code partitioned by hand (`OpSpace.manual`) on a mesh with axes
+    ``names``; a ValueError when the mesh lacks an axis it names."""
+    dims = dict(space.manual)
+    missing = sorted(set(dims) - set(names))
+    if missing:
+        raise ValueError(
+            f"a shard_map names mesh axes {missing} that the planning mesh {tuple(names)} lacks; "
+            "plan on the mesh the shard_map runs on"
+        )
+    return tuple(dims.get(name, -1) for name in names)
+
+
 def node_configs(
-    ng: NodeGraph, node: Node, sizes: Sequence[int], full_contractions: bool = False
+    ng: NodeGraph,
+    node: Node,
+    sizes: Sequence[int],
+    full_contractions: bool = False,
+    names: Sequence[str] = (),
 ) -> list[Config]:
     """Candidate configurations of a node (at least the replicated one).
 
     ``full_contractions`` (SoyBean's problem, ``objective="comm"``): dot_general /
     conv_general_dilated nodes keep only configurations that split over every mesh axis.
+    ``names``: the mesh's axis names, which code partitioned by hand names (`manual_config`).
     """
     replicated = (-1,) * len(sizes)
     if node.fixed:
         return [replicated]
+    if node.space.manual:  # partitioned by hand: its own layouts, nothing else
+        return [manual_config(node.space, names)]
     cfgs = enumerate_configs(node.space, sizes, tensor_dims(ng, node))
     if full_contractions and is_contraction(ng, node):
         cfgs = [c for c in cfgs if all(d >= 0 for d in c)] or cfgs

@@ -41,6 +41,9 @@ class OpSpace:
     reduce_op: str = "sum"  # how partial results combine ("sum", "max", "min")
     halo: tuple[int, ...] = ()  # per iter dim: halo rows a spatial split exchanges (convolutions)
     replicated: bool = False  # fallback: a single, fully replicated configuration
+    # code partitioned by hand (`rules_manual`): its one configuration, mesh axis name ->
+    # iteration dim (axes not named replicate the work)
+    manual: tuple[tuple[str, int], ...] = ()
 
     @functools.cached_property  # read per configuration while pricing (~0.5 M reads)
     def reduce_dims(self) -> tuple[int, ...]:

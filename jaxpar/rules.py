@@ -19,6 +19,7 @@ import math
 from . import (
     rules_indexing,  # noqa: F401 - registers gather and the scatter family
     rules_loops,  # noqa: F401 - registers the planned scan's carry, slice and stack
+    rules_manual,  # registers shard_map
 )
 from .graph import Equation, Program, layer_of
 from .opspace import (
@@ -171,6 +172,7 @@ ELEMENTWISE = [
     "complex",
     "imag",
     "sharding_constraint",
+    "reshard",  # explicit sharding's constraint (a shard_map's transpose emits it)
     "optimization_barrier",
     "bessel_i0e",
     "bessel_i1e",
@@ -531,7 +533,7 @@ def batched_core_rule(eqn: Equation, program: Program) -> OpSpace:
 
 # Primitives whose rule runs them replicated only in some cases: per primitive, why (for the
 # warning), or None when the rule splits them
-REPLICATED_WHEN = {"random_bits": _unsplit_bits}
+REPLICATED_WHEN = {"random_bits": _unsplit_bits, "shard_map": rules_manual.unplanned}
 
 
 @register_rule(

@@ -415,7 +415,11 @@ def build_tables(
     configs, compute, unary = [], [], []
     memo: dict = {}  # nodes alike share their collectives' prices
     for node in ng.nodes:
-        cfgs = [pinned[node.index]] if node.index in pinned else node_configs(ng, node, sizes, comm)
+        cfgs = (
+            [pinned[node.index]]
+            if node.index in pinned
+            else node_configs(ng, node, sizes, comm, params.mesh.names)
+        )
         configs.append(cfgs)
         node_compute, node_unary = node_tables(ng, node, cfgs, params, memo)
         compute.append(node_compute)
