@@ -391,9 +391,10 @@ def _fixed_dims_rule(eqn: Equation, program: Program, fixed: set[int]) -> OpSpac
     return OpSpace(shape, split, dim_names(n), tuple(in_maps), (tuple(range(n)),), 0.0)
 
 
-@register_rule("slice", "pad", "rev", "dynamic_slice", "dynamic_update_slice")
+@register_rule("slice", "pad", "rev", "dynamic_slice", "dynamic_update_slice", "tile")
 def slicing_rule(eqn: Equation, program: Program) -> OpSpace:
-    """Dims whose extent or offset changes stay whole; the rest follow the operand."""
+    """Dims whose extent or offset changes stay whole (a tiled dim: ``jnp.tile``); the rest
+    follow the operand."""
     shape = out_shape(eqn, program)
     src = shape_of(program, eqn.inputs[0])
     fixed = {d for d in range(len(shape)) if src[d] != shape[d]}

@@ -248,6 +248,23 @@ def test_a_shard_map_over_axes_the_planning_mesh_lacks_is_an_error(mesh):
         jaxpar.plan(step, w, x, mesh={"x": 2, "model": 4})
 
 
+def test_tiled_dims_stay_whole_and_the_rest_follow(mesh, caplog):
+    """``jnp.tile`` (the ``tile`` primitive) ran replicated; now the tiled dim stays whole and
+    the others follow the operand."""
+
+    def f(x):
+        return jnp.tile(jnp.tanh(x), (1, 3)) * 2.0
+
+    x = jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8) / 64
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        step = jaxpar.auto_shard(f, mesh=mesh, strategy="data")
+        out = step(x)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(f)(x)), rtol=1e-6)
+    (space,) = _spaces(step, "tile")
+    assert space.splittable == (True, False) and space.in_maps == ((0, None),)
+
+
 def test_scatter_add_still_splits_scattered_dims(mesh):
     def seg(data, ids):
         return jax.ops.segment_sum(data, ids, num_segments=4)
