@@ -40,8 +40,10 @@ def _stacked_step(w, x):
     return w - 0.1 * grad, value
 
 
-def _grad_accum_step(w, batch):
-    """Gradient accumulation: a fori_loop with static bounds (a scan) over micro-batches."""
+def _grad_accum_step(w, batch, counted_while=False):
+    """Gradient accumulation: a fori_loop with static bounds (a scan) over micro-batches; with
+    ``counted_while`` its bounds are jnp scalars, and JAX lowers it to a ``while`` (not a scan)
+    whose count tracing still knows."""
     xs, ys = batch
 
     def loss(w, x, y):
@@ -51,8 +53,10 @@ def _grad_accum_step(w, batch):
         g = jax.grad(lambda w: loss(w, xs[i], ys[i]).mean())(w)
         return jax.tree.map(jnp.add, acc, g)
 
-    grads = jax.lax.fori_loop(0, xs.shape[0], micro, jax.tree.map(jnp.zeros_like, w))
-    return jax.tree.map(lambda p, g: p - 0.1 * g / xs.shape[0], w, grads), None
+    n = xs.shape[0]
+    bounds = (jnp.int32(0), jnp.int32(n)) if counted_while else (0, n)
+    grads = jax.lax.fori_loop(*bounds, micro, jax.tree.map(jnp.zeros_like, w))
+    return jax.tree.map(lambda p, g: p - 0.1 * g / n, w, grads), None
 
 
 def _nested_step(w, x):
@@ -272,20 +276,7 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 
 
 def _while_accum_step(w, batch):
-    """Gradient accumulation by a fori_loop whose bounds are jnp scalars: JAX lowers it to a
-    ``while`` (not a scan) whose count tracing still knows."""
-    xs, ys = batch
-
-    def loss(w, x, y):
-        return ((jnp.tanh(x @ w["a"]) @ w["b"])[:, 0] - y) ** 2
-
-    def micro(i, acc):
-        g = jax.grad(lambda w: loss(w, xs[i], ys[i]).mean())(w)
-        return jax.tree.map(jnp.add, acc, g)
-
-    n = xs.shape[0]
-    grads = jax.lax.fori_loop(jnp.int32(0), jnp.int32(n), micro, jax.tree.map(jnp.zeros_like, w))
-    return jax.tree.map(lambda p, g: p - 0.1 * g / n, w, grads), None
+    return _grad_accum_step(w, batch, counted_while=True)
 
 
 def _while_eqn(fn, *args):
