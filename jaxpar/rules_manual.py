@@ -106,6 +106,11 @@ def _groups(eqn: Equation) -> tuple[dict[tuple[str, ...], int], list[tuple[Any, 
 
 def unplanned(eqn: Equation, program: Program) -> str | None:
     """Why the rule cannot describe this shard_map (it then runs replicated), or None."""
+    why = _unplanned(eqn)
+    return None if why is None else f"{why} (its layouts and its collectives go unpriced)"
+
+
+def _unplanned(eqn: Equation) -> str | None:
     p = eqn.params
     names = tuple(p["mesh"].axis_names)
     manual = p.get("newly_manual_axes", p.get("manual_axes", frozenset(names)))
