@@ -235,13 +235,12 @@ class _Flattener:
         tid, lit = self.read(env, atom)
         return self.const_tensor(aval, lit) if tid is None else tid
 
-    def scan(self, eqn: Any, env: dict, stack: str) -> None:
-        """Inline a scan's body once as a `Region` (see the module docstring)."""
-        p = eqn.params
-        closed, n_consts, n_carry = p["jaxpr"], p["num_consts"], p["num_carry"]
-        invars, operands = closed.jaxpr.invars, list(eqn.invars)
-        first = len(self.eqns)
-        index, parent = self.enter()
+    def loop_entry(
+        self, closed: Any, operands: list, n_consts: int, n_carry: int, env: dict, stack: str
+    ) -> dict:
+        """A loop body's environment: its ``n_consts`` loop invariants read as the outer
+        tensors, then one `SCAN_CARRY` per carry and one `SCAN_SLICE` per sliced operand."""
+        invars = closed.jaxpr.invars
         inner_env = {
             iv: self.operand(env, atom, iv.aval)
             for iv, atom in zip(invars[:n_consts], operands[:n_consts], strict=True)
@@ -251,6 +250,15 @@ class _Flattener:
             inner_env[iv] = self.new_tensor(iv.aval)
             prim = SCAN_CARRY if k < n_carry else SCAN_SLICE
             self.add(prim, {}, [tid], [lit], [inner_env[iv]], stack)
+        return inner_env
+
+    def scan(self, eqn: Any, env: dict, stack: str) -> None:
+        """Inline a scan's body once as a `Region` (see the module docstring)."""
+        p = eqn.params
+        closed, n_consts, n_carry = p["jaxpr"], p["num_consts"], p["num_carry"]
+        first = len(self.eqns)
+        index, parent = self.enter()
+        inner_env = self.loop_entry(closed, list(eqn.invars), n_consts, n_carry, env, stack)
         span, results = self.body(closed, inner_env, stack)
         for outer, tid in zip(eqn.outvars[:n_carry], results[:n_carry], strict=True):
             if not isinstance(outer, jex_core.DropVar):
@@ -285,17 +293,10 @@ class _Flattener:
         # JAX keeps a while body's dead equations (a loss value only its gradient's trace
         # computed); XLA drops them, as it does a scan body's
         closed = jex_core.ClosedJaxpr(_without_dead_code(body.jaxpr), body.consts)
-        invars, operands = closed.jaxpr.invars, list(eqn.invars)[cn:]
+        operands = list(eqn.invars)[cn:]
         first = len(self.eqns)
         index, parent = self.enter()
-        inner_env = {
-            iv: self.operand(env, atom, iv.aval)
-            for iv, atom in zip(invars[:bn], operands[:bn], strict=True)
-        }
-        for iv, atom in zip(invars[bn:], operands[bn:], strict=True):
-            tid, lit = self.read(env, atom)
-            inner_env[iv] = self.new_tensor(iv.aval)
-            self.add(SCAN_CARRY, {}, [tid], [lit], [inner_env[iv]], stack)
+        inner_env = self.loop_entry(closed, operands, bn, len(operands) - bn, env, stack)
         span, results = self.body(closed, inner_env, stack)
         for outer, tid in zip(eqn.outvars, results, strict=True):
             if not isinstance(outer, jex_core.DropVar):
