@@ -48,8 +48,10 @@ class _Runner:
         return jax.lax.with_sharding_constraint(value, self.plan.named(spec))
 
     def plain(self, tid: int) -> bool:
+        """Whether ``tid`` goes unconstrained: opaque, scalar, empty, or a shard_map's per-device
+        stack (its shard_maps place it)."""
         t = self.program.tensors[tid]
-        return t.opaque or not t.shape or not t.nbytes
+        return t.opaque or not t.shape or not t.nbytes or bool(t.hand_split)
 
     def read(self, env: dict, produced: dict, tid: int, spec: Spec) -> Any:
         """``tid`` in layout ``spec``: one constraint per step of its reshard path, each step

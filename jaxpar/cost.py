@@ -18,7 +18,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .collectives import ALL_REDUCE, PERMUTE, all_reduce_bytes, transfer_time
+from .collectives import (
+    ALL_REDUCE,
+    PERMUTE,
+    all_reduce_bytes,
+    result_bytes_sent,
+    transfer_time,
+)
 from .configs import Config, degree, dim_degrees, shard_count, spec_of
 from .contraction_calls import TABLE_PRIMITIVES, contraction_key, measured_kernel_seconds
 from .fusion import ACCELERATOR_FUSION, FusionRules
@@ -26,6 +32,7 @@ from .graph import BACKWARD
 from .hardware.mesh_model import MeshAxes
 from .kernels import MEASURED_PRIMITIVES, node_kernels
 from .nodes import Node, NodeGraph
+from .opspace import BodyCollective
 from .rules import DimMap
 from .rules_contractions import conv_taps_fraction
 
@@ -315,7 +322,8 @@ class NodeCollective:
     group_size: int
     nbytes: float  # bytes sent per device
     time_s: float
-    tensor: int | None  # the reduced result; None for a halo exchange
+    tensor: int | None  # the reduced result; None for a halo exchange and a shard_map's own
+    body: BodyCollective | None = None  # a shard_map's own: the collective of its body
 
 
 def _halo_bytes(node: Node, cfg: Config, ng: NodeGraph, sizes: Sequence[int]) -> float:
@@ -344,9 +352,13 @@ def node_collectives(
       all-reduced over A: buffer S = result bytes / its shard count, 2(n-1)/n · S bytes sent.
     - Halo exchange of a spatially split convolution: one collective-permute over the split
       spatial axes (`_halo_bytes`).
+    - Code partitioned by hand (a shard_map): its body's collectives, whatever ``cfg`` (its
+      only one), `_body_collectives`.
     """
     if node.anchor < 0:
         return ()
+    if node.space.manual:
+        return _body_collectives(node, mesh)
     out = []
     red_dims = set(node.space.reduce_dims)
     axes = tuple(a for a, d in enumerate(cfg) if d in red_dims)
@@ -373,8 +385,25 @@ def node_collectives(
     return tuple(out)
 
 
+def _body_collectives(node: Node, mesh: MeshAxes) -> tuple[NodeCollective, ...]:
+    """A shard_map body's collectives (`OpSpace.communication`): per collective of result R
+    bytes on one device over axes A (n devices), run r times per run of the node,
+    ``bytes = r · collectives.result_bytes_sent(kind, n, R)`` and ``time = r · transfer_time``
+    of one run; ``tensor`` None (a value of the body)."""
+    out = []
+    for c in node.space.communication:
+        axes = tuple(sorted(mesh.names.index(a) for a in c.axes))
+        n, bw, lat = mesh.group(axes)
+        sent = result_bytes_sent(c.kind, n, c.result_bytes)
+        time = transfer_time(c.kind, sent, n, bw, lat)
+        out.append(NodeCollective(c.kind, axes, n, sent * c.runs, time * c.runs, None, c))
+    return tuple(out)
+
+
 def is_grad_sync(node: Node, cfg: Config, batch: set[int]) -> bool:
     """A backward node whose split reduced dim carries the batch reduces gradients (t_S)."""
+    if node.space.manual:  # a shard_map's own collectives are its body's
+        return False
     red = set(node.space.reduce_dims)
     return node.phase == BACKWARD and any(d in red and d in batch for d in cfg if d >= 0)
 
@@ -387,9 +416,12 @@ def node_price(compute_s: float, colls: Sequence[NodeCollective], objective: str
 
 
 def may_communicate(node: Node, cfg: Config) -> bool:
-    """Cheap test: can `node_collectives` be non-empty (a reduced or halo dim is split)?"""
+    """Cheap test: can `node_collectives` be non-empty (a reduced or halo dim is split, or a
+    shard_map's body communicates)?"""
     if node.anchor < 0:
         return False
+    if node.space.manual:
+        return bool(node.space.communication)
     talk = node.space.communicating_dims
     return any(d in talk for d in cfg)
 
@@ -422,7 +454,8 @@ def own_comm_costs(
     if memo is not None and not node.space.halo and node.anchor >= 0:
         outputs = ng.program.eqns[node.anchor].outputs
         nbytes = tuple(ng.program.tensors[t].nbytes for t in outputs)
-        key = (node.space.out_maps, node.space.reduce_dims, nbytes, tuple(cfgs))
+        space = node.space
+        key = (space.out_maps, space.reduce_dims, space.communication, nbytes, tuple(cfgs))
         if key in memo:
             return memo[key]
     out = np.zeros(len(cfgs))

@@ -48,7 +48,7 @@ class Collective:
     bytes: float  # bytes sent per device per step (ring accounting), all `count` runs
     time_s: float  # per step, all `count` runs
     tensor: str  # dtype[shape] of the full tensor
-    reason: str  # "reshard", "partial-sum", "gradient-sync", "halo", "state-feedback"
+    reason: str  # "reshard", "partial-sum", "gradient-sync", "halo", "state-feedback", "shard_map"
     phase: str
     layer: str
     count: int = 1  # runs per step: the trip counts of the loops it runs in
@@ -180,7 +180,9 @@ def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
     sync = is_grad_sync(node, cfg, ctx.batch[v])
     colls = []
     for c in own:
-        if c.kind == ALL_REDUCE:
+        if node.space.manual:  # a shard_map's body: its own collectives, of values inside it
+            reason, term, tensor = "shard_map", "t_X", "shard_map body"
+        elif c.kind == ALL_REDUCE:
             reason, term = ("gradient-sync", "t_S") if sync else ("partial-sum", "t_X")
             tensor = _tensor_name(ng, c.tensor)
         else:
@@ -191,7 +193,10 @@ def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
         item, latency = None, 0.0
         if c.kind == ALL_REDUCE and c.group_size > 1:
             n, _, lat = mesh.group(c.axes)
-            key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
+            if c.body is not None:  # XLA combines a shard_map body's all-reduces like others
+                key = (c.body.reduce_op, c.body.dtype, c.axes)
+            else:
+                key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
             # XLA combines within one computation: a cond's branches never together, a scan it
             # runs in line with the computation around it
             comp = ng.program.computation(node.region)

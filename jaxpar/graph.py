@@ -32,6 +32,10 @@ class Tensor:
     shape: tuple[int, ...]  # static shape
     dtype: str  # numpy-style dtype name ("float32", "int32", "key<fry>", ...)
     itemsize: int  # bytes per element (0 for opaque dtypes such as PRNG keys)
+    # A shard_map's per-device stack (`rules_manual.per_device_stacks`): the mesh axes whose
+    # devices' blocks it concatenates. Its shape is then one device's block, planned as held
+    # whole on every device (each device holds its own), and never constrained.
+    hand_split: tuple[str, ...] = ()
 
     # cached: the cost and memory models ask for them millions of times on a 70B model
     @functools.cached_property
@@ -62,6 +66,22 @@ class Equation:
     bind: Any = dataclasses.field(default=None, compare=False, repr=False)  # opaque: for apply
     region: int = -1  # the innermost planned region holding it (`Program.regions`), or -1
 
+
+# Primitives whose body `trace` inlines into the flat program (and `buffers.body_workspace` into
+# a shard_map's body), each with the param that holds the body.
+CALL_BODIES = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "checkpoint": "jaxpr",
+    "remat": "jaxpr",
+    "remat2": "jaxpr",
+    "custom_lin": None,  # only appears under linearize, never in a traced step
+}
 
 # Equations a planned region adds around its bodies (rules in `rules_loops`; never bound).
 SCAN_CARRY = "scan_carry"  # init (outside) -> the carry an iteration reads

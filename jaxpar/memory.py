@@ -50,6 +50,8 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
 - In a loop XLA's collective pipeliner runs (``pipelined``), the gathered copy of an xs slice
   (a layer's weights) is made an iteration ahead: the next iteration's copy lives through the
   whole body beside the current one.
+- A shard_map's body makes and frees buffers of its own while it runs, on fixed per-device
+  shapes (`buffers.body_workspace`); they count at its position, with the temporaries.
 - Arguments are live for the whole step; a donated state argument's buffer holds its new value.
 - A result not aliased to a donated argument has an allocation of its own for the whole step;
   buffers that die before it is written live inside it, as XLA assigns them
@@ -79,6 +81,7 @@ from .buffers import (
     YNN_MIN_ELEMENTS,
     Buffer,
     after_sync,
+    body_workspace,
     combined_all_reduces,
     hosted_in_results,
     merged_reshard_steps,
@@ -90,6 +93,7 @@ from .graph import BACKWARD, FORWARD, UPDATE
 from .memory_estimate import ARG_KINDS, CPU_MODEL_MARGIN, MODEL_MARGIN, MemoryEstimate
 from .reshard import SLICE, reshard_path
 from .rules import DimMap
+from .rules_manual import inner_jaxpr
 
 COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
 # Positions in the liveness walk: equation i at i, a combined all-reduce after it at
@@ -129,6 +133,17 @@ class MemoryModel(BufferReads):
         spec = {t: spec_of(m, configs[v][assignment[v]]) for t, (v, m) in self._arg_maps.items()}
         margin = CPU_MODEL_MARGIN if self.cpu else MODEL_MARGIN
         return sum(self._arguments(spec).values()) > budget * (1 - margin)
+
+    @functools.cached_property
+    def _workspace(self) -> np.ndarray:
+        """Per grid position, the bytes a shard_map's body makes and frees inside it while it
+        runs (`buffers.body_workspace`: its layouts are fixed, so no plan changes them)."""
+        out = np.zeros(STEPS * (self.n_eqns + 2))
+        for e in self.inp.ng.program.eqns:
+            if e.primitive == "shard_map":
+                at = round(STEPS * self.position[e.index])
+                out[at] += body_workspace(inner_jaxpr(e.params["jaxpr"]))
+        return out
 
     @functools.cached_property
     def _arg_maps(self) -> dict[int, tuple[int, DimMap]]:
@@ -241,10 +256,10 @@ class MemoryModel(BufferReads):
             k[d] -= size
             if record is not None:
                 record.append((t, born, dies))
-        profile = (np.cumsum(delta) + in_flight)[: STEPS * (self.n_eqns + 1)]
+        profile = (np.cumsum(delta) + in_flight + self._workspace)[: STEPS * (self.n_eqns + 1)]
         at = int(np.argmax(profile)) if len(profile) else 0
         live_at = {k: float(np.cumsum(v)[at]) for k, v in kinds.items()}
-        live_at[UPDATE] += float(in_flight[at])  # reported with the temporaries
+        live_at[UPDATE] += float(in_flight[at] + self._workspace[at])  # with the temporaries
         peak_live = float(profile[at]) if len(profile) else 0.0
         eq = min(at // STEPS, self.n_eqns - 1)
         estimate = MemoryEstimate(

@@ -22,10 +22,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 from .graph import Equation, Program
 
 DimMap = tuple[int | None, ...]
+
+
+class BodyCollective(NamedTuple):
+    """One collective a shard_map's body runs (the layouts of code partitioned by hand are
+    fixed, and so are these)."""
+
+    kind: str  # `collectives.KINDS`
+    axes: tuple[str, ...]  # the mesh axes it runs over, by name
+    result_bytes: float  # its result on one device (a permute: only the devices that send)
+    runs: int  # per run of the shard_map (a scan inside: its length)
+    dtype: str  # of its (first) result
+    reduce_op: str  # an all-reduce's reduction ("sum", "max", "min"), else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +57,8 @@ class OpSpace:
     # code partitioned by hand (`rules_manual`): its one configuration, mesh axis name ->
     # iteration dim (axes not named replicate the work)
     manual: tuple[tuple[str, int], ...] = ()
+    # a shard_map's body's collectives (`rules_manual.body_communication`)
+    communication: tuple[BodyCollective, ...] = ()
 
     @functools.cached_property  # read per configuration while pricing (~0.5 M reads)
     def reduce_dims(self) -> tuple[int, ...]:

@@ -12,10 +12,25 @@ specs put on a tensor dim, each tensor dim mapped to its group's dim, and one co
 (`OpSpace.manual`: mesh axis name -> iteration dim; `configs.node_configs` gives exactly it).
 The work is the body's per-device FLOPs (`body_flops`) on every device.
 
+The collectives its body calls (a hand-written tensor-parallel matmul's `psum`, a ring's
+`ppermute`) are fixed too: `body_communication` lists them, each with its kind, axes, bytes
+and runs (`OpSpace.communication`), and `cost.node_collectives` prices them as the node's own
+collectives, predicted like the plan's others.
+
 Planned this way only when the space can say it: every mesh axis of the mesh manual (no auto
-axes inside), each mesh axis in one group, each group on some result, and no collective in the
-body (its all-reduces are not in the space). Otherwise the equation runs replicated, with a
-warning that says why (`REPLICATED_WHEN` in `rules`).
+axes inside), each mesh axis in one group, each group on some result or combined over by the
+body's collectives, and every collective in the body one the kinds cover, outside a cond or a
+while loop. Otherwise the equation runs replicated, with a warning that says why
+(`REPLICATED_WHEN` in `rules`).
+
+Differentiating a shard_map (MaxText's pattern: a kernel inside, ``jax.grad`` outside) splits it
+into a forward and a backward shard_map, and the residuals between them come out as
+*per-device stacks*: each device's block, concatenated on dim 0 over every axis the block
+varies over (``P(("data", "model"))``), beside operands split per axis. No layout of the
+iteration space can say that, and none needs to: only shard_maps read such a stack, in that
+same spec, so it never moves. `per_device_stacks` finds them; the trace records each as one
+device's block (`Tensor.hand_split`), which the rule leaves out of the iteration space and
+the plan holds whole on every device, each device its own, as the program does.
 
 Pure (no jax import): params are read by attribute.
 """
@@ -25,14 +40,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .graph import Equation, Program
-from .opspace import OpSpace, register_rule, shape_of
+from .collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, PERMUTE, REDUCE_SCATTER
+from .graph import SCAN_SLICE, SCAN_STACK, Equation, Program, Tensor
+from .opspace import BodyCollective, OpSpace, register_rule, shape_of
 
 # Primitives that communicate inside a shard_map body
 BODY_COLLECTIVES = frozenset(
     ("psum", "psum_invariant", "pmax", "pmin", "pmean", "all_gather", "all_gather_invariant",
      "all_to_all", "ppermute", "psum_scatter", "reduce_scatter", "pbroadcast", "ragged_all_to_all")
 )  # fmt: skip
+# Those the plan prices, by the kind of collective the compiled program runs for each
+BODY_KINDS = {
+    "psum": ALL_REDUCE, "psum_invariant": ALL_REDUCE, "pmax": ALL_REDUCE, "pmin": ALL_REDUCE,
+    "all_gather": ALL_GATHER, "all_gather_invariant": ALL_GATHER,
+    "reduce_scatter": REDUCE_SCATTER, "psum_scatter": REDUCE_SCATTER,
+    "all_to_all": ALL_TO_ALL, "ppermute": PERMUTE,
+}  # fmt: skip
 _SUB_JAXPRS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
@@ -43,28 +66,65 @@ def _axes(entry: Any) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _inner(jaxpr: Any) -> Any:
+def inner_jaxpr(jaxpr: Any) -> Any:
     return getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's jaxpr, or the jaxpr itself
 
 
-def _sub_jaxprs(eqn: Any) -> list[Any]:
-    subs = [_inner(eqn.params[k]) for k in _SUB_JAXPRS if k in eqn.params]
-    subs += [_inner(b) for b in eqn.params.get("branches", ())]
+def sub_jaxprs(eqn: Any) -> list[Any]:
+    """The jaxprs a (JAX) equation runs inside: a call's, a loop's body and condition, a
+    cond's branches."""
+    subs = [inner_jaxpr(eqn.params[k]) for k in _SUB_JAXPRS if k in eqn.params]
+    subs += [inner_jaxpr(b) for b in eqn.params.get("branches", ())]
     for k in ("body_jaxpr", "cond_jaxpr"):
         if k in eqn.params:
-            subs.append(_inner(eqn.params[k]))
+            subs.append(inner_jaxpr(eqn.params[k]))
     return subs
 
 
-def body_collectives(jaxpr: Any) -> set[str]:
-    """The collective primitives a shard_map body calls, nested calls included."""
-    found: set[str] = set()
+class Unpriced(Exception):
+    """A collective in a shard_map body that `body_communication` cannot price."""
+
+
+def _collective_axes(eqn: Any) -> tuple[str, ...]:
+    names = eqn.params.get("axes", eqn.params.get("axis_name"))
+    names = names if isinstance(names, tuple | list) else (names,)
+    if not all(isinstance(a, str) for a in names) or eqn.params.get("axis_index_groups"):
+        raise Unpriced(f"{eqn.primitive.name} over positional axes or axis index groups")
+    return tuple(names)
+
+
+def body_communication(jaxpr: Any, sizes: dict[str, int], runs: int = 1) -> list[BodyCollective]:
+    """The collectives a shard_map body runs (`opspace.BodyCollective`): a scan's body runs its
+    length times, a call's once. A collective-permute's bytes count only the devices that send
+    (what `verify` reads of the compiled one). `Unpriced` for a collective the kinds do not
+    cover (`BODY_KINDS`: a collective broadcast, a ragged all-to-all), or one inside a cond or
+    a while loop."""
+    out: list[BodyCollective] = []
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name in BODY_COLLECTIVES:
-            found.add(eqn.primitive.name)
-        for sub in _sub_jaxprs(eqn):
-            found |= body_collectives(sub)
-    return found
+        name = eqn.primitive.name
+        subs = sub_jaxprs(eqn)
+        if subs:
+            inner = [c for sub in subs for c in body_communication(sub, sizes)]
+            if inner and ("branches" in eqn.params or name == "while"):
+                raise Unpriced(f"{inner[0].kind} inside a {'cond' if name == 'cond' else name}")
+            times = eqn.params.get("length", 1) if name == "scan" else 1
+            out += [c._replace(runs=c.runs * times * runs) for c in inner]
+            continue
+        if name not in BODY_COLLECTIVES:
+            continue
+        if name not in BODY_KINDS:
+            raise Unpriced(name)
+        kind, axes = BODY_KINDS[name], _collective_axes(eqn)
+        nbytes = sum(
+            math.prod(v.aval.shape) * getattr(v.aval.dtype, "itemsize", 0) for v in eqn.outvars
+        )
+        if kind == PERMUTE:
+            n = math.prod(sizes[a] for a in axes)
+            nbytes *= sum(1 for src, dst in eqn.params["perm"] if src != dst) / n
+        op = {"pmax": "max", "pmin": "min"}.get(name, "sum") if kind == ALL_REDUCE else ""
+        dtype = str(eqn.outvars[0].aval.dtype)
+        out.append(BodyCollective(kind, axes, float(nbytes), runs, dtype, op))
+    return out
 
 
 def body_flops(jaxpr: Any) -> float:
@@ -74,7 +134,7 @@ def body_flops(jaxpr: Any) -> float:
     total = 0.0
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        subs = _sub_jaxprs(eqn)
+        subs = sub_jaxprs(eqn)
         if subs:
             inner = [body_flops(s) for s in subs]
             runs = eqn.params.get("length", 1) if name == "scan" else 1
@@ -90,59 +150,157 @@ def body_flops(jaxpr: Any) -> float:
     return total
 
 
-def _groups(eqn: Equation) -> tuple[dict[tuple[str, ...], int], list[tuple[Any, bool]]]:
-    """The axis groups of a shard_map's specs, numbered in order of appearance, and every
-    (spec, is_result) pair."""
-    p = eqn.params
-    specs = [(s, False) for s in p["in_specs"]] + [(s, True) for s in p["out_specs"]]
-    groups: dict[tuple[str, ...], int] = {}
-    for spec, _ in specs:
+def _spec_groups(specs: Any) -> list[tuple[str, ...]]:
+    """The axis groups ``specs`` put on tensor dims, in order of appearance, once each."""
+    groups: dict[tuple[str, ...], None] = {}
+    for spec in specs:
         for entry in spec:
-            axes = _axes(entry)
-            if axes:
-                groups.setdefault(axes, len(groups))
-    return groups, specs
+            if _axes(entry):
+                groups.setdefault(_axes(entry))
+    return list(groups)
+
+
+def _tangled(spec: Any, groups: list[tuple[str, ...]]) -> bool:
+    """Whether ``spec`` puts several mesh axes on one dim that another of ``groups`` uses in
+    another combination (what a differentiated shard_map's residuals do)."""
+    mine = [g for g in map(_axes, spec) if len(g) > 1]
+    return any(g != h and set(g) & set(h) for g in mine for h in groups)
+
+
+def per_device_stacks(program: Program) -> dict[int, Tensor]:
+    """The per-device stacks of a program (module docstring), each as the tensor to plan in its
+    place: one device's block, ``hand_split`` its spec's axes.
+
+    A stack is a shard_map result whose spec is tangled (`_tangled`) with the specs of the
+    shard_map making it or of one reading it, and that only shard_maps over the same mesh read,
+    each in that spec, the step does not return, and no other equation reads, but a loop's
+    stacking of it (a scan's ys; JAX saves a scanned layer's residuals so) whose slices are
+    read so in turn. JAX hoists residuals that depend on no operand out of a loop into a
+    shard_map of their own, with nothing to tangle with: a reader's specs count too.
+    """
+    if not any(eqn.primitive == "shard_map" for eqn in program.eqns):
+        return {}
+    readers: dict[int, list[tuple[Equation, int]]] = {}
+    for eqn in program.eqns:
+        for k, t in enumerate(eqn.inputs):
+            if t is not None:
+                readers.setdefault(t, []).append((eqn, k))
+    results = set(program.outvars)
+
+    def chain(t: int, spec: Any, mesh: Any, depth: int, found: dict, ends: list) -> bool:
+        """Whether ``t`` (``depth`` loop dims ahead of ``spec``'s) is read only as a stack
+        is; ``found`` gathers it and what it flows into (tensor -> depth), ``ends`` the params
+        of the shard_maps reading them."""
+        if t in results:
+            return False
+        found[t] = depth
+        for r, k in readers.get(t, []):
+            if r.primitive == "shard_map" and depth == 0:
+                if r.params["mesh"] != mesh or r.params["in_specs"][k] != spec:
+                    return False
+                ends.append(r.params)
+            elif r.primitive == SCAN_STACK:
+                if not chain(r.outputs[0], spec, mesh, depth + 1, found, ends):
+                    return False
+            elif r.primitive == SCAN_SLICE and depth > 0:
+                if not chain(r.outputs[0], spec, mesh, depth - 1, found, ends):
+                    return False
+            else:
+                return False
+        return True
+
+    stacks: dict[int, Tensor] = {}
+    for eqn in program.eqns:
+        if eqn.primitive != "shard_map":
+            continue
+        p = eqn.params
+        sizes = _mesh_sizes(p)
+        for t, spec in zip(eqn.outputs, p["out_specs"], strict=True):
+            found: dict[int, int] = {}
+            ends: list[Any] = [p]
+            if not chain(t, spec, p["mesh"], 0, found, ends):
+                continue
+            if not any(
+                _tangled(spec, _spec_groups([*q["in_specs"], *q["out_specs"]])) for q in ends
+            ):
+                continue
+            axes = tuple(a for entry in spec for a in _axes(entry))
+            for u, depth in found.items():
+                tensor = program.tensors[u]
+                entries = [*(None,) * depth, *spec]
+                entries += [None] * (len(tensor.shape) - len(entries))
+                block = tuple(
+                    size // math.prod(sizes[a] for a in _axes(entry))
+                    for size, entry in zip(tensor.shape, entries, strict=True)
+                )
+                stacks[u] = Tensor(block, tensor.dtype, tensor.itemsize, axes)
+    return stacks
+
+
+def _groups(
+    eqn: Equation, program: Program
+) -> tuple[dict[tuple[str, ...], int], list[tuple[Any, bool]]]:
+    """The axis groups of a shard_map's specs, numbered in order of appearance, and every
+    (spec, is_result) pair; the specs of per-device stacks are left out (None)."""
+    p = eqn.params
+
+    def spec(t: int | None, s: Any) -> Any:
+        return None if t is not None and program.tensors[t].hand_split else s
+
+    specs = [(spec(t, s), False) for t, s in zip(eqn.inputs, p["in_specs"], strict=True)]
+    specs += [(spec(t, s), True) for t, s in zip(eqn.outputs, p["out_specs"], strict=True)]
+    groups = _spec_groups(s for s, _ in specs if s is not None)
+    return {g: i for i, g in enumerate(groups)}, specs
 
 
 def unplanned(eqn: Equation, program: Program) -> str | None:
     """Why the rule cannot describe this shard_map (it then runs replicated), or None."""
-    why = _unplanned(eqn)
+    why = _unplanned(eqn, program)
     return None if why is None else f"{why} (its layouts and its collectives go unpriced)"
 
 
-def _unplanned(eqn: Equation) -> str | None:
+def _unplanned(eqn: Equation, program: Program) -> str | None:
     p = eqn.params
     names = tuple(p["mesh"].axis_names)
     manual = p.get("newly_manual_axes", p.get("manual_axes", frozenset(names)))
     if set(manual) != set(names):
         return f"leaves mesh axes {sorted(set(names) - set(manual))} automatic inside its body"
-    collectives = body_collectives(_inner(p["jaxpr"]))
-    if collectives:
-        return f"communicates inside its body ({', '.join(sorted(collectives))})"
-    groups, specs = _groups(eqn)
+    try:
+        talk = body_communication(inner_jaxpr(p["jaxpr"]), _mesh_sizes(p))
+    except Unpriced as err:
+        return f"communicates inside its body in a way the plan does not price ({err})"
+    groups, specs = _groups(eqn, program)
     named = [a for axes in groups for a in axes]
     if len(named) != len(set(named)):
         return "puts one mesh axis on dims of its tensors in different combinations"
-    on_results = {_axes(e) for spec, result in specs if result for e in spec}
-    if any(axes not in on_results for axes in groups):
+    on_results = {_axes(e) for spec, result in specs if result and spec is not None for e in spec}
+    talked = {a for c in talk for a in c.axes}  # its collectives combine over them
+    if any(axes not in on_results and not set(axes) <= talked for axes in groups):
         return "splits an operand over mesh axes that split none of its results"
     return None
+
+
+def _mesh_sizes(params: dict) -> dict[str, int]:
+    return dict(zip(params["mesh"].axis_names, params["mesh"].axis_sizes, strict=True))
 
 
 @register_rule("shard_map")
 def shard_map_rule(eqn: Equation, program: Program) -> OpSpace:
     """A shard_map's fixed layouts as an iteration space with one configuration (see the module
-    docstring); ``flops = body_flops × the devices its specs split the work over``."""
+    docstring); ``flops = body_flops × the devices its specs split the work over``; its
+    body's collectives (`body_communication`) as `OpSpace.communication`."""
     p = eqn.params
-    groups, _ = _groups(eqn)
+    groups, _ = _groups(eqn, program)
     order = list(groups)
-    mesh_sizes = dict(zip(p["mesh"].axis_names, p["mesh"].axis_sizes, strict=True))
+    mesh_sizes = _mesh_sizes(p)
     sizes = [0] * len(order)
 
     def dim_map(tid: int | None, spec: Any) -> tuple[int | None, ...] | None:
         if tid is None:
             return None
         shape = shape_of(program, tid)
+        if program.tensors[tid].hand_split:  # one device's block, on every device
+            return (None,) * len(shape)
         entries = [*spec, *(None,) * (len(shape) - len(spec))]
         out = []
         for size, entry in zip(shape, entries, strict=True):
@@ -161,6 +319,7 @@ def shard_map_rule(eqn: Equation, program: Program) -> OpSpace:
         names=tuple("+".join(axes) for axes in order),
         in_maps=in_maps,
         out_maps=out_maps,  # type: ignore[arg-type]  # results are never literals
-        flops=body_flops(_inner(p["jaxpr"])) * devices,
+        flops=body_flops(inner_jaxpr(p["jaxpr"])) * devices,
         manual=tuple((a, groups[axes]) for axes in order for a in axes),
+        communication=tuple(body_communication(inner_jaxpr(p["jaxpr"]), mesh_sizes)),
     )

@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - depends on the installed JAX
     _dce_jaxpr = None
 
 from .graph import (
+    CALL_BODIES,
     COND,
     COND_MERGE,
     SCAN,
@@ -46,23 +47,8 @@ from .graph import (
     Region,
     Tensor,
 )
+from .rules_manual import per_device_stacks
 from .while_trips import counted_trips
-
-# Primitives whose body is inlined; the param that holds the body differs between them.
-_INLINE_PARAMS = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "checkpoint": "jaxpr",
-    "remat": "jaxpr",
-    "remat2": "jaxpr",
-    "custom_lin": None,  # only appears under linearize, never in a traced step
-}
-
 
 _REMAT = ("checkpoint", "remat", "remat2")
 
@@ -174,7 +160,7 @@ class _Flattener:
             if name == "while" and (trips := counted_trips(eqn, self.constant(env))) is not None:
                 self.counted_while(eqn, env, stack, trips)
                 continue
-            body_key = _INLINE_PARAMS.get(name)
+            body_key = CALL_BODIES.get(name)
             if body_key and body_key in eqn.params:
                 if (
                     name in _REMAT
@@ -450,4 +436,6 @@ def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
         regions=flat.regions,
         threefry_partitionable=bool(jax.config.jax_threefry_partitionable),
     )
+    for tid, block in per_device_stacks(program).items():
+        program.tensors[tid] = block  # a differentiated shard_map's residuals
     return program, out_tree

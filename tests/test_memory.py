@@ -15,6 +15,7 @@ import models
 from jaxpar.buffers import (
     YNN_MIN_ELEMENTS,
     Buffer,
+    body_workspace,
     combined_all_reduces,
     cse_after_barriers,
     hosted_in_results,
@@ -621,3 +622,23 @@ def test_backward_reshard_merges_steps_of_a_forward_one():
         features: ((0,), (), ())
     }
     assert merged_reshard_steps(65536, ((), (), (1,)), wants, {features}, sizes) == {}
+
+
+@pytest.mark.closed_form
+def test_a_shard_map_body_s_own_buffers():
+    """`body_workspace`: a call inside the body is inlined; a dot's elementwise follower joins
+    its kernel (the dot's result is not stored); a value another kernel reads is stored until
+    its last reader; a value computed from no data is recomputed where it is read."""
+    n = 64
+
+    def one_stored(a):
+        y = jax.jit(lambda b: jnp.exp(b @ b.T))(a)  # stored: the reduction reads it
+        return y.sum(0) + jnp.ones(n)  # the ones are recomputed inside the add
+
+    def two_live(a):
+        y = jnp.exp(a @ a.T)
+        return (y @ y).sum()  # at the second dot: its operand and its result
+
+    a = jax.ShapeDtypeStruct((n, 16), jnp.float32)
+    assert body_workspace(jax.make_jaxpr(one_stored)(a).jaxpr) == n * n * 4
+    assert body_workspace(jax.make_jaxpr(two_live)(a).jaxpr) == 2 * n * n * 4
