@@ -660,3 +660,35 @@ def body_workspace(jaxpr: Any) -> float:
             delta[max(reads) + 1] -= size
     nested = np.array([e.nested for e in eqns] + [0.0])
     return float((np.cumsum(delta) + nested).max(initial=0.0))
+
+
+def recomputed_results(jaxpr: Any) -> frozenset[int]:
+    """The positions of a shard_map body's results that XLA need not store: computed from its
+    operands and its other results by annotations (a ``pvary`` of an operand is the operand's
+    own buffer) and cheap fusible equations (not `EXPENSIVE`), so a reader recomputes them
+    inside its own fusion once the shard_map's boundary is gone, as XLA:CPU does with a
+    differentiated GELU's ``1 - tanh`` and ``0.5 (1 + tanh)``; but not one the body stores
+    anyway, for a reader that cannot fuse it (a matrix product's operand). ``jaxpr`` is
+    JAX's."""
+    rename: dict[Any, Any] = {}
+    eqns: list[_BodyEqn] = []
+    _inlined(jaxpr, rename, eqns)
+    results = [None if _is_literal(v) else rename.get(v, v) for v in jaxpr.outvars]
+    stored = {v for v in results if v is not None}
+    operands = {rename.get(v, v) for v in jaxpr.invars}
+    cheap = set(operands)
+    made = set()  # values the body stores anyway: a reader that cannot fuse them reads them
+    for e in eqns:
+        if e.name not in FUSING_READERS:
+            made.update(e.ins)
+        if (
+            e.name in FUSIBLE | VIEWS | GENERATORS
+            and e.name not in EXPENSIVE
+            and all(v in cheap or v in stored for v in e.ins)
+        ):
+            cheap.update(e.outs)
+    return frozenset(
+        k
+        for k, v in enumerate(results)
+        if v is not None and v in cheap and (v in operands or v not in made)
+    )

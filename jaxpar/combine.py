@@ -68,6 +68,9 @@ class AllReduceItem:
     key: tuple
     buffer_bytes: float  # result bytes per device
     region: int = -1  # the region of its equation (a scan run in line, inside the computation)
+    # the equation's results computed from it (None: all): a shard_map's body all-reduces a
+    # weight gradient that leaves by one result, and what reads the others does not wait on it
+    feeds: tuple[int, ...] | None = None
 
 
 def item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list[int]:
@@ -75,7 +78,7 @@ def item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list[
     directly or through other equations: one walk in program order (a topological order), each
     tensor carrying the mask of the items upstream of it. Kept in ``program.memo`` per sequence
     of the items' equations: plans alike all-reduce at the same equations."""
-    key = ("item dependencies", tuple(it.eqn for it in items))
+    key = ("item dependencies", tuple((it.eqn, it.feeds) for it in items))
     if key not in program.memo:
         program.memo[key] = tuple(_item_dependencies(program, items))
     return list(program.memo[key])
@@ -95,11 +98,20 @@ def _item_dependencies(program: Program, items: Sequence[AllReduceItem]) -> list
         own = items_of.get(e.index)
         if own is not None:
             reads[e.index] = mask
-            mask |= own
-        if mask:
-            for t in e.outputs:
-                of_tensor[t] = mask
+        for t in e.outputs:
+            bits = mask
+            if own is not None:
+                for i in _bits(own):
+                    if items[i].feeds is None or t in items[i].feeds:
+                        bits |= 1 << i
+            if bits:
+                of_tensor[t] = bits
     return [reads[it.eqn] for it in items]
+
+
+def _bits(mask: int) -> list[int]:
+    """The positions of the set bits of ``mask``."""
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
 def group_all_reduces(

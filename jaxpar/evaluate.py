@@ -201,8 +201,16 @@ def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
             # runs in line with the computation around it
             comp = ng.program.computation(node.region)
             body = ng.program.body_of(comp, node.anchor)
+            feeds = None
+            if c.body is not None:  # the shard_map's results its body computes from it
+                outputs = ng.program.eqns[node.anchor].outputs
+                feeds = tuple(outputs[k] for k in c.body.feeds)
             item = AllReduceItem(
-                node.anchor, (*key, comp, body), all_reduce_buffer(c.nbytes, n), node.region
+                node.anchor,
+                (*key, comp, body),
+                all_reduce_buffer(c.nbytes, n),
+                node.region,
+                feeds,
             )
             latency = lat * ring_steps(ALL_REDUCE, n)
         collective = Collective(

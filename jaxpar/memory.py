@@ -51,7 +51,8 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   (a layer's weights) is made an iteration ahead: the next iteration's copy lives through the
   whole body beside the current one.
 - A shard_map's body makes and frees buffers of its own while it runs, on fixed per-device
-  shapes (`buffers.body_workspace`); they count at its position, with the temporaries.
+  shapes (`buffers.body_workspace`); they count at its position, with the temporaries. A
+  per-device stack its readers recompute (`buffers.recomputed_results`) holds no buffer.
 - Arguments are live for the whole step; a donated state argument's buffer holds its new value.
 - A result not aliased to a donated argument has an allocation of its own for the whole step;
   buffers that die before it is written live inside it, as XLA assigns them
@@ -85,6 +86,7 @@ from .buffers import (
     combined_all_reduces,
     hosted_in_results,
     merged_reshard_steps,
+    recomputed_results,
     reshard_in_flight,
 )  # fmt: skip
 from .collectives import ALL_GATHER
@@ -108,7 +110,7 @@ class MemoryModel(BufferReads):
     def _bytes(self, t: int, spec) -> float:
         if t not in self._nbytes:
             tensor = self.inp.ng.program.tensors[t]
-            self._nbytes[t] = 0 if tensor.opaque else tensor.nbytes
+            self._nbytes[t] = 0 if tensor.opaque or t in self._recomputed else tensor.nbytes
         nbytes = self._nbytes[t]
         return nbytes / shard_count(spec, self.inp.sizes) if nbytes else 0.0
 
@@ -133,6 +135,20 @@ class MemoryModel(BufferReads):
         spec = {t: spec_of(m, configs[v][assignment[v]]) for t, (v, m) in self._arg_maps.items()}
         margin = CPU_MODEL_MARGIN if self.cpu else MODEL_MARGIN
         return sum(self._arguments(spec).values()) > budget * (1 - margin)
+
+    @functools.cached_property
+    def _recomputed(self) -> frozenset[int]:
+        """Per-device stacks (`Tensor.hand_split`) their readers recompute rather than XLA
+        store (`buffers.recomputed_results`): no buffer."""
+        out: set[int] = set()
+        for e in self.inp.ng.program.eqns:
+            if e.primitive == "shard_map":
+                tensors = self.inp.ng.program.tensors
+                cheap = recomputed_results(inner_jaxpr(e.params["jaxpr"]))
+                out.update(
+                    t for k, t in enumerate(e.outputs) if k in cheap and tensors[t].hand_split
+                )
+        return frozenset(out)
 
     @functools.cached_property
     def _workspace(self) -> np.ndarray:

@@ -39,6 +39,7 @@ class BodyCollective(NamedTuple):
     runs: int  # per run of the shard_map (a scan inside: its length)
     dtype: str  # of its (first) result
     reduce_op: str  # an all-reduce's reduction ("sum", "max", "min"), else ""
+    feeds: tuple[int, ...] = ()  # the shard_map's results computed from it (by position)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -93,22 +93,45 @@ def _collective_axes(eqn: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def body_communication(jaxpr: Any, sizes: dict[str, int], runs: int = 1) -> list[BodyCollective]:
+def body_communication(jaxpr: Any, sizes: dict[str, int]) -> list[BodyCollective]:
     """The collectives a shard_map body runs (`opspace.BodyCollective`): a scan's body runs its
     length times, a call's once. A collective-permute's bytes count only the devices that send
-    (what `verify` reads of the compiled one). `Unpriced` for a collective the kinds do not
-    cover (`BODY_KINDS`: a collective broadcast, a ragged all-to-all), or one inside a cond or
-    a while loop."""
-    out: list[BodyCollective] = []
-    for eqn in jaxpr.eqns:
+    (what `verify` reads of the compiled one). Each feeds the body's results computed from it
+    (of a nested call or loop: from that equation's results). `Unpriced` for a collective the
+    kinds do not cover (`BODY_KINDS`: a collective broadcast, a ragged all-to-all), or one
+    inside a cond or a while loop."""
+    found = _collectives(jaxpr, sizes, 1)
+    tainted: dict[Any, int] = {}  # a body value -> bitmask of the collectives it comes from
+    for i, eqn in enumerate(jaxpr.eqns):
+        mask = 0
+        for v in eqn.invars:
+            if not hasattr(v, "val"):  # a Literal has a value, a variable none
+                mask |= tainted.get(v, 0)
+        for k, (_, at) in enumerate(found):
+            if at == i:
+                mask |= 1 << k
+        if mask:
+            tainted.update(dict.fromkeys(eqn.outvars, mask))
+    masks = [0 if hasattr(v, "val") else tainted.get(v, 0) for v in jaxpr.outvars]
+    return [
+        c._replace(feeds=tuple(r for r, m in enumerate(masks) if m >> k & 1))
+        for k, (c, _) in enumerate(found)
+    ]
+
+
+def _collectives(jaxpr: Any, sizes: dict[str, int], runs: int) -> list[tuple[BodyCollective, int]]:
+    """`body_communication`'s collectives, each with the index of the equation of ``jaxpr``
+    running it."""
+    out: list[tuple[BodyCollective, int]] = []
+    for i, eqn in enumerate(jaxpr.eqns):
         name = eqn.primitive.name
         subs = sub_jaxprs(eqn)
         if subs:
-            inner = [c for sub in subs for c in body_communication(sub, sizes)]
+            inner = [c for sub in subs for c, _ in _collectives(sub, sizes, 1)]
             if inner and ("branches" in eqn.params or name == "while"):
                 raise Unpriced(f"{inner[0].kind} inside a {'cond' if name == 'cond' else name}")
             times = eqn.params.get("length", 1) if name == "scan" else 1
-            out += [c._replace(runs=c.runs * times * runs) for c in inner]
+            out += [(c._replace(runs=c.runs * times * runs), i) for c in inner]
             continue
         if name not in BODY_COLLECTIVES:
             continue
@@ -123,7 +146,7 @@ def body_communication(jaxpr: Any, sizes: dict[str, int], runs: int = 1) -> list
             nbytes *= sum(1 for src, dst in eqn.params["perm"] if src != dst) / n
         op = {"pmax": "max", "pmin": "min"}.get(name, "sum") if kind == ALL_REDUCE else ""
         dtype = str(eqn.outvars[0].aval.dtype)
-        out.append(BodyCollective(kind, axes, float(nbytes), runs, dtype, op))
+        out.append((BodyCollective(kind, axes, float(nbytes), runs, dtype, op), i))
     return out
 
 
