@@ -149,17 +149,39 @@ def _sharded_attention_step(mesh, spec):
         return fwd_map(q, k, v)
 
     attend.defvjp(lambda q, k, v: (fwd_map(q, k, v), (q, k, v)), lambda res, g: bwd_map(*res, g))
+    return _attention_train_step(attend, heads=4)
+
+
+def _attention_train_step(attend, heads):
+    """A train step of one attention layer (q, k, v and output projections ``w[0..3]``) whose
+    attention is ``attend(q, k, v)`` over [batch, tokens, heads, head dim]."""
 
     def step(w, x):
         def loss(w):
             b, t, d = x.shape
-            q, k, v = (jnp.tanh(x @ w[i]).reshape(b, t, 4, d // 4) for i in range(3))
+            q, k, v = (jnp.tanh(x @ w[i]).reshape(b, t, heads, d // heads) for i in range(3))
             return (attend(q, k, v).reshape(b, t, d) @ w[3]).var()
 
         value, grad = jax.value_and_grad(loss)(w)
         return w - 0.1 * grad, value
 
     return step
+
+
+def _quiet_and_equal(mesh, step, args, caplog):
+    """``step`` under the auto plan on ``mesh``: no warning, results equal to the unsharded
+    step's (call it under ``jax.enable_x64`` with float64 ``args``); returns the sharded step
+    and its predicted collectives against the compiled program's (`verify.fidelity`)."""
+    from jaxpar.verify import fidelity
+
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        sharded = jaxpar.auto_shard(step, mesh=mesh)
+        out = sharded(*args)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    want = jax.jit(step)(*args)
+    for got, ref in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-10, atol=1e-12)
+    return sharded, fidelity(sharded.plan.collectives, sharded.lower(*args).compile())
 
 
 @pytest.mark.parametrize("spec", [("data", None, "model", None), ("data",), (("data", "model"),)])
@@ -169,21 +191,14 @@ def test_shard_map_keeps_its_layouts_and_is_predicted(mesh, caplog, spec):
     collectives predicted equal the compiled program's; no warning; equal to the unsharded
     step in float64. Before, it ran replicated: every operand gathered, and the results'
     gathers went unpredicted."""
-    from jaxpar.verify import fidelity
 
     step = _sharded_attention_step(mesh, spec)
     rs = np.random.RandomState(0)
     with jax.enable_x64(True):
         w, x = jnp.asarray(rs.randn(4, 32, 32) / 6), jnp.asarray(rs.randn(8, 16, 32))
-        with caplog.at_level(logging.WARNING, logger="jaxpar"):
-            sharded = jaxpar.auto_shard(step, mesh=mesh)
-            out = sharded(w, x)
-        assert not caplog.records, [r.getMessage() for r in caplog.records]
-        for got, want in zip(out, jax.jit(step)(w, x), strict=True):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
-        plan = sharded.plan
-        check = fidelity(plan.collectives, sharded.lower(w, x).compile())
+        sharded, check = _quiet_and_equal(mesh, step, (w, x), caplog)
     assert check.ok() and check.counts_ok(), check.text
+    plan = sharded.plan
     nodes = [
         n
         for n in plan.ng.nodes
@@ -255,8 +270,6 @@ def test_a_shard_map_that_communicates_is_priced_and_predicted(mesh, caplog):
     ran replicated."""
     from jax.sharding import PartitionSpec as P
 
-    from jaxpar.verify import fidelity
-
     def mlp_body(x, w1, w2):
         return jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, "model")
 
@@ -284,15 +297,7 @@ def test_a_shard_map_that_communicates_is_priced_and_predicted(mesh, caplog):
             "w1": jnp.asarray(rs.randn(2, 32, 64) / 6), "w2": jnp.asarray(rs.randn(2, 64, 32) / 6)
         }  # fmt: skip
         x = jnp.asarray(rs.randn(16, 32))
-        with caplog.at_level(logging.WARNING, logger="jaxpar"):
-            sharded = jaxpar.auto_shard(step, mesh=mesh)
-            out = sharded(params, x)
-        assert not caplog.records, [r.getMessage() for r in caplog.records]
-        for got, want in zip(
-            jax.tree.leaves(out), jax.tree.leaves(jax.jit(step)(params, x)), strict=True
-        ):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
-        check = fidelity(sharded.plan.collectives, sharded.lower(params, x).compile())
+        sharded, check = _quiet_and_equal(mesh, step, (params, x), caplog)
     assert check.relative_error < 1e-9 and check.counts_ok(tolerance=0, slack=0), check.text
     mine = [c for c in sharded.plan.collectives if c.reason == "shard_map"]
     assert [c.kind for c in mine].count("collective-permute") == 2
@@ -311,17 +316,7 @@ def _differentiated_attention_step(mesh, spec):
     attend = jax.shard_map(
         _attention_kernel, mesh=mesh, in_specs=(P(*spec),) * 3, out_specs=P(*spec)
     )
-
-    def step(w, x):
-        def loss(w):
-            b, t, d = x.shape
-            q, k, v = (jnp.tanh(x @ w[i]).reshape(b, t, 8, d // 8) for i in range(3))
-            return (attend(q, k, v).reshape(b, t, d) @ w[3]).var()
-
-        value, grad = jax.value_and_grad(loss)(w)
-        return w - 0.1 * grad, value
-
-    return step
+    return _attention_train_step(attend, heads=8)
 
 
 @pytest.mark.parametrize(
@@ -337,19 +332,13 @@ def test_a_differentiated_shard_map_keeps_its_residuals_where_they_are(mesh, cap
     "model")`` everywhere, the residuals are ordinary tensors of that layout.)"""
     from test_memory import FIDELITY_BAND
 
-    from jaxpar.verify import compiled_peak_bytes, fidelity
+    from jaxpar.verify import compiled_peak_bytes
 
     step = _differentiated_attention_step(mesh, spec)
     rs = np.random.RandomState(0)
     with jax.enable_x64(True):
         w, x = jnp.asarray(rs.randn(4, 64, 64) / 8), jnp.asarray(rs.randn(8, 16, 64))
-        with caplog.at_level(logging.WARNING, logger="jaxpar"):
-            sharded = jaxpar.auto_shard(step, mesh=mesh)
-            out = sharded(w, x)
-        assert not caplog.records, [r.getMessage() for r in caplog.records]
-        for got, want in zip(out, jax.jit(step)(w, x), strict=True):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
-        check = fidelity(sharded.plan.collectives, sharded.lower(w, x).compile())
+        sharded, check = _quiet_and_equal(mesh, step, (w, x), caplog)
     assert check.ok() and check.counts_ok(), check.text
     program = sharded.plan.program
     maps = [e for e in program.eqns if e.primitive == "shard_map"]
@@ -378,8 +367,6 @@ def test_a_differentiated_shard_map_in_scanned_layers(mesh, caplog, remat):
     equal to the unsharded step in float64, collectives as compiled."""
     from jax.sharding import PartitionSpec as P
 
-    from jaxpar.verify import fidelity
-
     spec = P("data", None, "model", None)
     attend = jax.shard_map(_attention_kernel, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
 
@@ -398,13 +385,7 @@ def test_a_differentiated_shard_map_in_scanned_layers(mesh, caplog, remat):
     rs = np.random.RandomState(0)
     with jax.enable_x64(True):
         w, x = jnp.asarray(rs.randn(3, 4, 32, 32) / 6), jnp.asarray(rs.randn(8, 16, 32))
-        with caplog.at_level(logging.WARNING, logger="jaxpar"):
-            sharded = jaxpar.auto_shard(step, mesh=mesh)
-            out = sharded(w, x)
-        assert not caplog.records, [r.getMessage() for r in caplog.records]
-        for got, want in zip(out, jax.jit(step)(w, x), strict=True):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
-        check = fidelity(sharded.plan.collectives, sharded.lower(w, x).compile())
+        sharded, check = _quiet_and_equal(mesh, step, (w, x), caplog)
     assert check.ok() and check.counts_ok(), check.text
     program = sharded.plan.program
     stacks = [t for t in program.tensors if t.hand_split]
