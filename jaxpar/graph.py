@@ -67,8 +67,8 @@ class Equation:
     region: int = -1  # the innermost planned region holding it (`Program.regions`), or -1
 
 
-# Primitives whose body `trace` inlines into the flat program (and `buffers.body_workspace` into
-# a shard_map's body), each with the param that holds the body.
+# Primitives whose body `trace` inlines into the flat program (and `body_buffers` into a
+# shard_map's body), each with the param that holds the body.
 CALL_BODIES = {
     "jit": "jaxpr",
     "pjit": "jaxpr",

@@ -51,8 +51,8 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
   (a layer's weights) is made an iteration ahead: the next iteration's copy lives through the
   whole body beside the current one.
 - A shard_map's body makes and frees buffers of its own while it runs, on fixed per-device
-  shapes (`buffers.body_workspace`); they count at its position, with the temporaries. A
-  per-device stack its readers recompute (`buffers.recomputed_results`) holds no buffer.
+  shapes (`body_buffers.body_workspace`); they count at its position, with the temporaries. A
+  per-device stack its readers recompute (`body_buffers.recomputed_results`) holds no buffer.
 - Arguments are live for the whole step; a donated state argument's buffer holds its new value.
 - A result not aliased to a donated argument has an allocation of its own for the whole step;
   buffers that die before it is written live inside it, as XLA assigns them
@@ -74,6 +74,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .body_buffers import body_workspace, recomputed_results
 from .buffer_reads import BufferReads
 from .buffers import (
     FUSIBLE,
@@ -82,11 +83,9 @@ from .buffers import (
     YNN_MIN_ELEMENTS,
     Buffer,
     after_sync,
-    body_workspace,
     combined_all_reduces,
     hosted_in_results,
     merged_reshard_steps,
-    recomputed_results,
     reshard_in_flight,
 )  # fmt: skip
 from .collectives import ALL_GATHER
@@ -139,7 +138,7 @@ class MemoryModel(BufferReads):
     @functools.cached_property
     def _recomputed(self) -> frozenset[int]:
         """Per-device stacks (`Tensor.hand_split`) their readers recompute rather than XLA
-        store (`buffers.recomputed_results`): no buffer."""
+        store (`body_buffers.recomputed_results`): no buffer."""
         out: set[int] = set()
         for e in self.inp.ng.program.eqns:
             if e.primitive == "shard_map":
@@ -153,7 +152,7 @@ class MemoryModel(BufferReads):
     @functools.cached_property
     def _workspace(self) -> np.ndarray:
         """Per grid position, the bytes a shard_map's body makes and frees inside it while it
-        runs (`buffers.body_workspace`: its layouts are fixed, so no plan changes them)."""
+        runs (`body_buffers.body_workspace`: its layouts are fixed, so no plan changes them)."""
         out = np.zeros(STEPS * (self.n_eqns + 2))
         for e in self.inp.ng.program.eqns:
             if e.primitive == "shard_map":

@@ -46,7 +46,7 @@ from .opspace import BodyCollective, OpSpace, register_rule, shape_of
 
 # Primitives that communicate inside a shard_map body
 BODY_COLLECTIVES = frozenset(
-    ("psum", "psum_invariant", "pmax", "pmin", "pmean", "all_gather", "all_gather_invariant",
+    ("psum", "psum_invariant", "pmax", "pmin", "all_gather", "all_gather_invariant",
      "all_to_all", "ppermute", "psum_scatter", "reduce_scatter", "pbroadcast", "ragged_all_to_all")
 )  # fmt: skip
 # Those the plan prices, by the kind of collective the compiled program runs for each

@@ -12,10 +12,10 @@ from helpers import assert_equivalent
 
 import jaxpar
 import models
+from jaxpar.body_buffers import body_workspace
 from jaxpar.buffers import (
     YNN_MIN_ELEMENTS,
     Buffer,
-    body_workspace,
     combined_all_reduces,
     cse_after_barriers,
     hosted_in_results,
