@@ -519,7 +519,8 @@ def cse_after_barriers(program) -> dict[int, int]:
     and an equation whose primitive, params, literals and (transparent) inputs equal an
     earlier one's, with an input that came through a barrier or a merged tensor, is merged
     (duplicates made from no data, such as a mask's iotas, are followed but not returned: XLA
-    fuses them anyway). A barrier's outputs are returned too: XLA:CPU has removed it.
+    fuses them anyway). A barrier's outputs are returned too: XLA:CPU has removed it. So are a
+    ``device_put``'s: XLA:CPU lowers a move to host memory and back to the identity.
     """
     same: dict[int, int] = {}  # tensor -> its earlier twin (barriers: their operand)
     seen: dict[tuple, tuple[int, ...]] = {}
@@ -533,7 +534,7 @@ def cse_after_barriers(program) -> dict[int, int]:
             same[t] = first[0]
     merged: dict[int, int] = {}
     for e in program.eqns:
-        if e.primitive == BARRIER and len(e.inputs) == len(e.outputs):
+        if e.primitive in (BARRIER, "device_put") and len(e.inputs) == len(e.outputs):
             for src, out in zip(e.inputs, e.outputs, strict=True):
                 if src is not None:
                     same[out] = merged[out] = same.get(src, src)  # the barrier is gone

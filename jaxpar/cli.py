@@ -198,7 +198,7 @@ def plan_command(args: argparse.Namespace) -> int:
         check_batch(args.batch, devices)
     model = check_model(args.model)
     build = check_decoder_build(
-        model, args.remat, args.scan_layers, args.capacity_factor, args.seq_len
+        model, args.remat, args.scan_layers, args.capacity_factor, args.seq_len, args.remat_policy
     )  # fmt: skip
     preset = check_cluster(args.cluster)
     say = _Progress(args.quiet)
@@ -459,6 +459,13 @@ def _add_plan(sub: Any) -> None:
         "--remat",
         action="store_true",
         help="large decoders: rematerialize each block in the backward pass (nn.remat)",
+    )
+    p_plan.add_argument(
+        "--remat-policy",
+        metavar="NAME",
+        help="large decoders: what remat keeps, by MaxText's names: full (nothing; --remat's), "
+        "minimal, minimal_offloaded, save_qkv_proj, qkv_proj_offloaded (the *_offloaded ones "
+        "keep it in the host's memory); implies --remat",
     )
     p_plan.add_argument(
         "--scan-layers",

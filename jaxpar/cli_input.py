@@ -270,11 +270,13 @@ class DecoderBuild:
     scan: bool = False
     capacity: float | None = None
     seq_len: int | None = None  # tokens per sequence (None: the model's)
+    remat_policy: str | None = None  # what remat keeps (`models.llama.REMAT_POLICIES`)
 
     def words(self) -> tuple[str, ...]:
         """For the title line: ``("remat", "scanned layers", "capacity 1.25", "8192 tokens
-        per sequence")`` or fewer."""
-        words = [w for w, on in (("remat", self.remat), ("scanned layers", self.scan)) if on]
+        per sequence")`` or fewer; ``"remat (minimal_offloaded)"`` with a policy."""
+        remat = f"remat ({self.remat_policy})" if self.remat_policy else "remat"
+        words = [w for w, on in ((remat, self.remat), ("scanned layers", self.scan)) if on]
         if self.capacity is not None:
             words.append(f"capacity {self.capacity:g}")
         if self.seq_len is not None:
@@ -316,16 +318,24 @@ def check_decoder_build(
     scan: bool,
     capacity: float | None = None,
     seq_len: int | None = None,
+    remat_policy: str | None = None,
 ) -> DecoderBuild:
-    """`DecoderBuild` for --remat / --scan-layers / --capacity-factor / --seq-len, or
-    ValueError when ``name`` is not one of the large decoders (the Llama family: only they build
-    their blocks either way), or has no mixture of experts for --capacity-factor."""
+    """`DecoderBuild` for --remat / --remat-policy / --scan-layers / --capacity-factor /
+    --seq-len, or ValueError when ``name`` is not one of the large decoders (the Llama family:
+    only they build their blocks either way), has no mixture of experts for --capacity-factor,
+    or the policy is not one of `models.llama.REMAT_POLICIES` (a policy turns remat on)."""
     import models
-    from models.llama import CONFIGS
+    from models.llama import CONFIGS, REMAT_POLICIES
 
-    layers = DecoderBuild(remat, scan, capacity, seq_len)
+    if remat_policy is not None and remat_policy not in REMAT_POLICIES:
+        raise ValueError(
+            f"unknown --remat-policy {remat_policy!r}{did_you_mean(remat_policy, REMAT_POLICIES)}"
+            f"; choose one of {', '.join(REMAT_POLICIES)}"
+        )
+    layers = DecoderBuild(remat or remat_policy is not None, scan, capacity, seq_len, remat_policy)
     given = [f for f, on in (("--remat", remat), ("--scan-layers", scan)) if on]
     given += [f for f, v in (("--capacity-factor", capacity), ("--seq-len", seq_len)) if v]
+    given += ["--remat-policy"] if remat_policy is not None else []
     if given and name not in CONFIGS:
         flags = " and ".join(given)
         raise ValueError(
@@ -390,8 +400,8 @@ def zoo_example(
 
     Without --batch: the model's default batch, rounded up to a multiple of the device count
     so that it splits over the mesh (GPT's default of 8 sequences would not split over 16).
-    ``build``: how a large decoder is built (--remat, --scan-layers, --seq-len,
-    --capacity-factor).
+    ``build``: how a large decoder is built (--remat, --remat-policy, --scan-layers,
+    --seq-len, --capacity-factor).
     """
     import jax
 
@@ -407,6 +417,7 @@ def zoo_example(
         cfg = llama_config(
             name, small, remat=build.remat, batch=batch, seq_len=build.seq_len,
             scan_layers=build.scan, capacity_factor=build.capacity,
+            remat_policy=build.remat_policy,
         )  # fmt: skip
         return llama_example(name, cfg, dtype)
 

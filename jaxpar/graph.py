@@ -36,6 +36,9 @@ class Tensor:
     # devices' blocks it concatenates. Its shape is then one device's block, planned as held
     # whole on every device (each device holds its own), and never constrained.
     hand_split: tuple[str, ...] = ()
+    # Held in the host's memory (``jax.device_put`` to ``pinned_host``, a remat policy's
+    # offloaded residual): no device buffer on an accelerator (`memory`).
+    host: bool = False
 
     # cached: the cost and memory models ask for them millions of times on a 70B model
     @functools.cached_property

@@ -26,6 +26,7 @@ class HeldBytes:
 
     def __init__(self, model: MemoryModel):
         self.inp, self.long_lived = model.inp, model.long_lived
+        self.no_device_buffer = model.no_device_buffer
         self._node_bytes: dict[int, np.ndarray] = {}
         self._degrees: dict[int, np.ndarray] = {}
 
@@ -65,7 +66,7 @@ class HeldBytes:
         nd = inp.ng.nodes[node]
         mp = nd.tensor_maps.get(t)
         tensor = inp.ng.program.tensors[t]
-        if tensor.opaque or not tensor.nbytes or mp is None:
+        if not tensor.nbytes or mp is None or self.no_device_buffer(t):
             return np.zeros(len(inp.configs[node]))
         return tensor.nbytes / self._shards(node, mp)
 

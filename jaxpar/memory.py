@@ -53,6 +53,10 @@ as XLA's `memory_analysis()` reports it (argument + output − alias + temp). Bu
 - A shard_map's body makes and frees buffers of its own while it runs, on fixed per-device
   shapes (`body_buffers.body_workspace`); they count at its position, with the temporaries. A
   per-device stack its readers recompute (`body_buffers.recomputed_results`) holds no buffer.
+- A tensor offloaded to the host's memory (`Tensor.host`: a remat policy's
+  ``offload_dst="pinned_host"``, ``jax.device_put`` to a host memory kind) holds no device
+  buffer, except on XLA:CPU, where host and device memory are one (measured: a step offloading
+  a residual compiles to the same peak as one saving it).
 - Arguments are live for the whole step; a donated state argument's buffer holds its new value.
 - A result not aliased to a donated argument has an allocation of its own for the whole step;
   buffers that die before it is written live inside it, as XLA assigns them
@@ -106,10 +110,18 @@ SYNC_AFTER = 1 / STEPS
 class MemoryModel(BufferReads):
     """Liveness of a program's buffers (`BufferReads`); `estimate` prices one assignment."""
 
+    def no_device_buffer(self, t: int) -> bool:
+        """Whether tensor ``t`` holds no device memory whatever its layout: opaque (a key), a
+        per-device stack its readers recompute, or offloaded to the host's memory (except on
+        XLA:CPU, whose one memory holds it: a remat policy's offload compiles to the peak of
+        saving it)."""
+        tensor = self.inp.ng.program.tensors[t]
+        return tensor.opaque or t in self._recomputed or (tensor.host and not self.cpu)
+
     def _bytes(self, t: int, spec) -> float:
         if t not in self._nbytes:
-            tensor = self.inp.ng.program.tensors[t]
-            self._nbytes[t] = 0 if tensor.opaque or t in self._recomputed else tensor.nbytes
+            none = self.no_device_buffer(t)
+            self._nbytes[t] = 0 if none else self.inp.ng.program.tensors[t].nbytes
         nbytes = self._nbytes[t]
         return nbytes / shard_count(spec, self.inp.sizes) if nbytes else 0.0
 

@@ -48,6 +48,18 @@ def space_of(eqn: Equation, program: Program, warned: set[str] | None = None) ->
     a planning run has already warned about)."""
     rule = RULES.get(eqn.primitive)
     why = _why_replicated(eqn, program, rule)
+    partly = PARTLY_REPLICATED.get(eqn.primitive)
+    if why is None and partly is not None and (reason := partly(eqn, program)) is not None:
+        warned = set() if warned is None else warned
+        if f"{eqn.primitive}: {reason}" not in warned:
+            warned.add(f"{eqn.primitive}: {reason}")
+            log.warning(
+                "jaxpar: primitive %r (in %s) %s; it is planned over its other axes and runs "
+                "replicated over those",
+                eqn.primitive,
+                layer_of(eqn.name_stack) or "the step's top level",
+                reason,
+            )
     if why is not None:
         warned = set() if warned is None else warned
         if eqn.primitive not in warned:
@@ -144,6 +156,8 @@ ELEMENTWISE = [
     "digamma",
     "igamma",
     "igammac",
+    "igamma_grad_a",  # the gamma CDF's derivative in its shape parameter
+    "regularized_incomplete_beta",
     "nextafter",
     "select_n",
     "clamp",
@@ -157,10 +171,14 @@ ELEMENTWISE = [
     "le",
     "gt",
     "ge",
+    "eq_to",  # total-order comparisons (`jnp.searchsorted`)
+    "le_to",
+    "lt_to",
     "shift_left",
     "shift_right_logical",
     "shift_right_arithmetic",
     "population_count",
+    "mulhi",  # the high half of an integer product (counter-based random bits)
     "convert_element_type",
     "copy",
     "copy_p",
@@ -327,17 +345,44 @@ def _reduction(eqn: Equation, program: Program, axes: tuple[int, ...], op: str, 
     return OpSpace(sizes, splittable, names, in_maps, outs, float(math.prod(src)), reduce_op=op)
 
 
-@register_rule("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or")
+@register_rule(
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor"
+)  # fmt: skip
 def reduce_rule(eqn: Equation, program: Program) -> OpSpace:
-    """A split reduced dim leaves partial results; sums/max/min complete with an all-reduce."""
+    """A split reduced dim leaves partial results; sums/max/min complete with an all-reduce.
+    The others (products, bitwise and/or/xor) keep their reduced dims whole."""
     op = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min"}.get(eqn.primitive, "")
     return _reduction(eqn, program, tuple(eqn.params["axes"]), op or "sum", bool(op))
+
+
+@register_rule("reduce")
+def variadic_reduce_rule(eqn: Equation, program: Program) -> OpSpace:
+    """``lax.reduce`` with a computation of its own (several operands reduced together, a
+    value with its index): operands ``0..n-1`` of one shape, their scalar initial values
+    ``n..2n-1``, one result per operand. The kept dims split; the reduced dims stay whole (no
+    collective combines partial results of an arbitrary computation).
+    ``flops = n · |operand|``."""
+    n = len(eqn.outputs)
+    operands = [shape_of(program, t) for t in eqn.inputs[:n]]
+    if len(eqn.inputs) != 2 * n or any(shape != operands[0] for shape in operands):
+        return replicated_space(eqn, program)
+    sp = _reduction(eqn, program, tuple(eqn.params["dimensions"]), "sum", False)
+    in_maps = sp.in_maps[:n] + tuple(None if t is None else () for t in eqn.inputs[n:])
+    return dataclasses.replace(sp, in_maps=in_maps, flops=n * sp.flops)
 
 
 @register_rule("argmax", "argmin")
 def argmax_rule(eqn: Equation, program: Program) -> OpSpace:
     """Arg-reductions cannot combine partial results with one all-reduce: never split the axis."""
     return _reduction(eqn, program, tuple(eqn.params["axes"]), "sum", False)
+
+
+@register_rule("device_put")
+def device_put_rule(eqn: Equation, program: Program) -> OpSpace:
+    """A move between memory spaces (`trace` keeps only those, one array each: a remat
+    policy's offload to ``pinned_host`` and back): the result follows its operand, no FLOPs;
+    the copy is a DMA, not a kernel of the device's."""
+    return dataclasses.replace(elementwise_rule(eqn, program), flops=0.0)
 
 
 @register_rule("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
@@ -491,29 +536,77 @@ def random_bits_rule(eqn: Equation, program: Program) -> OpSpace:
     )  # fmt: skip
 
 
-# Floating-point operations of one transform or factorization of the core dims (n points or an
-# n x n matrix): an FFT 5 n log2 n (Cooley-Tukey's count), Cholesky n^3 / 3, a triangular solve
-# n^2 per right-hand side, a symmetric eigendecomposition 9 n^3 (tridiagonal reduction and QR
-# iterations, Golub & Van Loan)
+# Trailing dims of the first operand that one transform or factorization reads whole (the rest
+# are batch dims): an FFT's ``fft_lengths``, a pivot vector's or a tridiagonal band's one, a
+# matrix's two
+_CORE_DIMS = {"lu_pivots_to_permutation": 1, "tridiagonal_solve": 1}
+
+
 def _core_flops(eqn: Equation, program: Program) -> float:
+    """Floating-point operations of one transform or factorization of the core dims, for an
+    m x n matrix (k = min(m, n), M = max(m, n)) or n points; counts from Golub & Van Loan,
+    "Matrix Computations", 4th ed. (Householder and Golub-Kahan algorithms):
+
+    - FFT: 5 N log2 N (Cooley-Tukey), N = prod(fft_lengths);
+    - Cholesky: n^3 / 3; triangular solve: n^2 per right-hand side;
+    - LU: 2mnk - (m + n) k^2 + 2k^3 / 3 (2n^3 / 3 square); its pivots to a permutation:
+      one swap per pivot;
+    - QR (Householder): 2Mk^2 - 2k^3 / 3 for R (``geqrf``) or for forming Q
+      (``householder_product``); both (``qr``): 4Mk^2 - 4k^3 / 3;
+    - symmetric eigendecomposition: 9 n^3; general (``eig``): 10 n^3 for the eigenvalues,
+      25 n^3 with eigenvectors;
+    - SVD: 4Mk^2 - 4k^3 / 3 for the singular values (bidiagonalization),
+      4M^2 k + 8Mk^2 + 9k^3 with U and V (R-SVD);
+    - tridiagonal solve: 8 m per right-hand side (Thomas' algorithm).
+    """
+    prim, p = eqn.primitive, eqn.params
     src = shape_of(program, eqn.inputs[0])
-    if eqn.primitive == "fft":
-        n = math.prod(eqn.params["fft_lengths"])
+    if prim == "fft":
+        n = math.prod(p["fft_lengths"])
         return 5.0 * n * max(1.0, math.log2(n))
-    n = src[-1]
-    if eqn.primitive == "triangular_solve":  # a [.., n, n], b [.., n, k] or [.., k, n]
+    if prim == "lu_pivots_to_permutation":
+        return float(src[-1])
+    if prim == "tridiagonal_solve":  # dl, d, du [.., m], b [.., m, n]
+        return 8.0 * math.prod(shape_of(program, eqn.inputs[3])[-2:])
+    m, n = src[-2:]
+    k, big = min(m, n), max(m, n)
+    householder = 2.0 * big * k**2 - 2.0 * k**3 / 3.0
+    if prim == "triangular_solve":  # a [.., n, n], b [.., n, k] or [.., k, n]
         return float(n * math.prod(shape_of(program, eqn.inputs[1])[-2:]))
-    return n**3 / 3.0 if eqn.primitive == "cholesky" else 9.0 * n**3
+    if prim == "cholesky":
+        return n**3 / 3.0
+    if prim == "eigh":
+        return 9.0 * n**3
+    if prim == "lu":
+        return 2.0 * m * n * k - (m + n) * k**2 + 2.0 * k**3 / 3.0
+    if prim in ("geqrf", "householder_product"):
+        return householder
+    if prim == "qr":
+        return 2.0 * householder
+    if prim == "eig":
+        vectors = p["compute_left_eigenvectors"] or p["compute_right_eigenvectors"]
+        return (25.0 if vectors else 10.0) * n**3
+    if prim == "svd":
+        if not p["compute_uv"]:
+            return 2.0 * householder
+        return 4.0 * big**2 * k + 8.0 * big * k**2 + 9.0 * k**3
+    raise KeyError(prim)
 
 
-@register_rule("fft", "cholesky", "triangular_solve", "eigh")
+@register_rule(
+    "fft", "cholesky", "triangular_solve", "eigh", "eig", "lu", "lu_pivots_to_permutation",
+    "qr", "geqrf", "householder_product", "svd", "tridiagonal_solve",
+)  # fmt: skip
 def batched_core_rule(eqn: Equation, program: Program) -> OpSpace:
-    """FFTs over their trailing ``fft_lengths`` dims, and a matrix's Cholesky factor,
-    triangular solve or eigendecomposition over its trailing two: those core dims stay whole
-    (one transform is never split); the leading batch dims, the same in every operand and
-    result (a Shampoo preconditioner per layer, an FFT per channel), split like a batch.
-    ``flops = |batch| · core flops`` (`_core_flops`)."""
-    core = len(eqn.params["fft_lengths"]) if eqn.primitive == "fft" else 2
+    """FFTs over their trailing ``fft_lengths`` dims, a matrix's factorizations (Cholesky, LU,
+    QR, SVD, eigendecompositions) and solves over its trailing two, a pivot vector's or a
+    tridiagonal system's band over its last: those core dims stay whole (one transform is
+    never split); the leading batch dims, the same in every operand and result (a Shampoo
+    preconditioner per layer, an FFT per channel), split like a batch. Operands or results
+    that do not share the batch run replicated. ``flops = |batch| · core flops``
+    (`_core_flops`)."""
+    p = eqn.params
+    core = len(p["fft_lengths"]) if eqn.primitive == "fft" else _CORE_DIMS.get(eqn.primitive, 2)
     src = shape_of(program, eqn.inputs[0])
     batch = src[: len(src) - core]
     shapes = [shape_of(program, t) for t in (*eqn.inputs, *eqn.outputs) if t is not None]
@@ -535,6 +628,9 @@ def batched_core_rule(eqn: Equation, program: Program) -> OpSpace:
 # Primitives whose rule runs them replicated only in some cases: per primitive, why (for the
 # warning), or None when the rule splits them
 REPLICATED_WHEN = {"random_bits": _unsplit_bits, "shard_map": rules_manual.unplanned}
+# Primitives whose rule runs them replicated over some mesh axes only: per primitive, why (for a
+# warning, once per reason), or None when it runs split over every axis its rule chooses
+PARTLY_REPLICATED = {"shard_map": rules_manual.automatic_axes}
 
 
 @register_rule(

@@ -17,11 +17,14 @@ The collectives its body calls (a hand-written tensor-parallel matmul's `psum`, 
 and runs (`OpSpace.communication`), and `cost.node_collectives` prices them as the node's own
 collectives, predicted like the plan's others.
 
-Planned this way only when the space can say it: every mesh axis of the mesh manual (no auto
-axes inside), each mesh axis in one group, each group on some result or combined over by the
-body's collectives, and every collective in the body one the kinds cover, outside a cond or a
-while loop. Otherwise the equation runs replicated, with a warning that says why
-(`REPLICATED_WHEN` in `rules`).
+A shard_map that leaves mesh axes automatic inside its body (``axis_names``) is planned over
+its manual axes and runs replicated over the automatic ones, with a warning naming them
+(`automatic_axes`): XLA would partition its body over them, which means planning inside it.
+
+Planned this way only when the space can say it: each mesh axis in one group, each group on
+some result or combined over by the body's collectives, and every collective in the body one the
+kinds cover, outside a cond or a while loop. Otherwise the equation runs replicated, with a
+warning that says why (`REPLICATED_WHEN` in `rules`).
 
 Differentiating a shard_map (MaxText's pattern: a kernel inside, ``jax.grad`` outside) splits it
 into a forward and a backward shard_map, and the residuals between them come out as
@@ -282,12 +285,20 @@ def unplanned(eqn: Equation, program: Program) -> str | None:
     return None if why is None else f"{why} (its layouts and its collectives go unpriced)"
 
 
-def _unplanned(eqn: Equation, program: Program) -> str | None:
+def automatic_axes(eqn: Equation, program: Program) -> str | None:
+    """Why a shard_map that leaves mesh axes automatic inside its body (``axis_names``) runs
+    replicated over those axes, or None when every axis is manual. Its manual axes are planned
+    as the rule says; over the automatic ones the plan holds its operands and results whole
+    and prices its body on every device, as XLA runs a body whose operands come in whole."""
     p = eqn.params
     names = tuple(p["mesh"].axis_names)
     manual = p.get("newly_manual_axes", p.get("manual_axes", frozenset(names)))
-    if set(manual) != set(names):
-        return f"leaves mesh axes {sorted(set(names) - set(manual))} automatic inside its body"
+    auto = sorted(set(names) - set(manual))
+    return f"leaves mesh axes {auto} automatic inside its body" if auto else None
+
+
+def _unplanned(eqn: Equation, program: Program) -> str | None:
+    p = eqn.params
     try:
         talk = body_communication(inner_jaxpr(p["jaxpr"]), _mesh_sizes(p))
     except Unpriced as err:

@@ -1,7 +1,8 @@
 """Trace a user function to a flat `Program`: one jaxpr, nested calls inlined.
 
 Calls (jit/pjit, closed_call, custom_jvp_call, custom_vjp_call, checkpoint/remat) are inlined so
-the planner sees every equation. A ``scan`` (``lax.scan``, ``nn.scan``, ``nnx.scan``, a
+the planner sees every equation; a ``custom_linear_solve`` (``jnp.linalg.solve``) is its solve's
+body, inlined the same way. A ``scan`` (``lax.scan``, ``nn.scan``, ``nnx.scan``, a
 ``fori_loop`` with static bounds) has its body inlined once, between the `graph.SCAN_CARRY` /
 `graph.SCAN_SLICE` equations that bring in the carry and the per-iteration slices and the
 `graph.SCAN_STACK` equations that stack the ys, and is recorded as a `graph.Region`: the planner
@@ -136,7 +137,8 @@ class _Flattener:
 
     def new_tensor(self, aval: Any) -> int:
         dtype, itemsize = _dtype_info(aval)
-        self.tensors.append(Tensor(tuple(int(d) for d in aval.shape), dtype, itemsize))
+        host = str(getattr(aval, "memory_space", "")).endswith("Host")
+        self.tensors.append(Tensor(tuple(int(d) for d in aval.shape), dtype, itemsize, host=host))
         return len(self.tensors) - 1
 
     def read(self, env: dict, atom: Any) -> tuple[int | None, Any]:
@@ -160,6 +162,16 @@ class _Flattener:
             if name == "while" and (trips := counted_trips(eqn, self.constant(env))) is not None:
                 self.counted_while(eqn, env, stack, trips)
                 continue
+            if name == "device_put":
+                self.device_put(eqn, env, stack)
+                continue
+            if name == "custom_linear_solve":  # `jnp.linalg.solve`: its value is its solve's
+                lengths = eqn.params["const_lengths"]
+                start = lengths.matvec + lengths.vecmat
+                b = list(eqn.invars)[sum(lengths) :]
+                consts = list(eqn.invars)[start : start + lengths.solve]
+                self.inline(eqn.params["jaxprs"].solve, eqn, env, stack, operands=consts + b)
+                continue
             body_key = CALL_BODIES.get(name)
             if body_key and body_key in eqn.params:
                 if (
@@ -181,6 +193,28 @@ class _Flattener:
                     env[v] = tid
                 outs.append(tid)
             self.add(name, dict(eqn.params), ins, lits, outs, stack, eqn.primitive)
+
+    def device_put(self, eqn: Any, env: dict, stack: str) -> None:
+        """``jax.device_put`` inside the step, one array at a time. A move between memory
+        spaces (a remat policy's offload to ``pinned_host`` and back, a sharding with a host
+        memory kind) stays, as a ``device_put`` to that space alone; a move to a layout or a
+        device in the same memory is the identity: the plan's layouts replace it, as they
+        replace a sharding constraint."""
+        p = eqn.params
+        for k, (atom, out) in enumerate(zip(eqn.invars, eqn.outvars, strict=True)):
+            if isinstance(out, jex_core.DropVar):
+                continue
+            tid, lit = self.read(env, atom)
+            if tid is None:
+                tid = self.const_tensor(out.aval, lit)
+            space = _memory_move(p["devices"][k], self.tensors[tid].host)
+            if space is None:
+                env[out] = tid
+                continue
+            env[out] = self.new_tensor(out.aval)
+            params = {"devices": (space,), "srcs": (p["srcs"][k],)}
+            params["copy_semantics"] = (p["copy_semantics"][k],)
+            self.add("device_put", params, [tid], [None], [env[out]], stack, eqn.primitive)
 
     def add(self, primitive, params, ins, lits, outs, stack: str, bind: Any = None) -> None:
         self.eqns.append(
@@ -337,7 +371,17 @@ class _Flattener:
             over[atom] = out
         return over
 
-    def inline(self, body: Any, eqn: Any, env: dict, stack: str, over: dict | None = None) -> None:
+    def inline(
+        self,
+        body: Any,
+        eqn: Any,
+        env: dict,
+        stack: str,
+        over: dict | None = None,
+        operands: list | None = None,
+    ) -> None:
+        """Walk ``body`` in place of ``eqn``, its invars read from ``operands`` (default: the
+        last of ``eqn``'s operands, one per invar), its outvars bound to ``eqn``'s."""
         if isinstance(body, jex_core.ClosedJaxpr):
             inner, consts = body.jaxpr, body.consts
         else:
@@ -347,8 +391,8 @@ class _Flattener:
             tid = self.new_tensor(cv.aval)
             self.consts[tid] = c
             inner_env[cv] = tid
-        # custom_vjp_call_jaxpr-style calls may carry extra leading operands (consts)
-        operands = list(eqn.invars)[-len(inner.invars) :] if inner.invars else []
+        if operands is None:  # custom_vjp_call_jaxpr-style calls may lead with extra consts
+            operands = list(eqn.invars)[-len(inner.invars) :] if inner.invars else []
         for iv, atom in zip(inner.invars, operands, strict=True):
             barred = over and not isinstance(atom, jex_core.Literal) and atom in over
             tid, lit = (over[atom], None) if barred else self.read(env, atom)
@@ -365,6 +409,23 @@ class _Flattener:
                 tid = self.new_tensor(outer.aval)
                 self.consts[tid] = lit
             env[outer] = tid
+
+
+_HOST_KINDS = ("pinned_host", "unpinned_host")
+
+
+def _memory_move(dst: Any, on_host: bool) -> Any:
+    """The memory space a ``device_put`` to ``dst`` moves an array held on the host
+    (``on_host``) or not into (`jax.memory.Space`), or None when it stays where it is."""
+    if isinstance(dst, jax.memory.Space):
+        to_host = None if dst == jax.memory.Space.Any else dst == jax.memory.Space.Host
+    elif isinstance(dst, jax.sharding.Sharding):
+        to_host = dst.memory_kind in _HOST_KINDS
+    else:  # a device, or None: its default memory
+        to_host = False
+    if to_host is None or to_host == on_host:
+        return None
+    return jax.memory.Space.Host if to_host else jax.memory.Space.Device
 
 
 def _without_dead_code(jaxpr: Any) -> Any:

@@ -35,6 +35,13 @@ is computed in a narrower type (the loss itself is float32, as for every zoo mod
 ``cfg["remat"] = True`` wraps every block in ``nn.remat``: activations inside a block are
 recomputed in the backward pass instead of stored.  The registered names use ``remat=False``;
 build the remat variant with ``llama_example(name, llama_config(name, remat=True))``.
+``cfg["remat_policy"]`` picks what remat keeps, by MaxText's names (`REMAT_POLICIES`):
+``"full"`` (nothing, the default), ``"minimal"`` (the results of matmuls without batch dims:
+the projections, not attention's scores), ``"minimal_offloaded"`` (those results offloaded to
+the host's pinned memory and brought back for the backward pass), ``"save_qkv_proj"`` (the
+query, key and value projections, by their checkpoint names) or ``"qkv_proj_offloaded"``
+(those offloaded). The projections carry MaxText's checkpoint names (``query_proj``,
+``key_proj``, ``value_proj``, ``out_proj``, ``mlpwi_0``, ``mlpwi_1``, ``mlpwo``).
 
 ``cfg["scan_layers"] = True`` (``llama_config(name, scan_layers=True)``) stacks the blocks with
 ``nn.scan`` (``models.scanned.scan_blocks``): one ``params["blocks"]`` subtree whose parameters
@@ -57,6 +64,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.ad_checkpoint import checkpoint_name
 
 from models._train import (
     Example,
@@ -144,9 +152,10 @@ class Attention(nn.Module):
         head_dim = self.head_dim or d_model // self.num_heads
         group = self.num_heads // self.num_kv_heads
         kw = {"use_bias": False, "dtype": self.dtype, "param_dtype": self.param_dtype}
-        q = nn.Dense(self.num_heads * head_dim, name="q", **kw)(x)
-        k = nn.Dense(self.num_kv_heads * head_dim, name="k", **kw)(x)
-        v = nn.Dense(self.num_kv_heads * head_dim, name="v", **kw)(x)
+        # MaxText's checkpoint names, which its remat policies save or offload
+        q = checkpoint_name(nn.Dense(self.num_heads * head_dim, name="q", **kw)(x), "query_proj")
+        k = checkpoint_name(nn.Dense(self.num_kv_heads * head_dim, name="k", **kw)(x), "key_proj")
+        v = checkpoint_name(nn.Dense(self.num_kv_heads * head_dim, name="v", **kw)(x), "value_proj")
         q = apply_rope(q.reshape(batch, length, self.num_heads, head_dim), self.rope_theta)
         k = apply_rope(k.reshape(batch, length, self.num_kv_heads, head_dim), self.rope_theta)
         v = v.reshape(batch, length, self.num_kv_heads, head_dim)
@@ -162,7 +171,7 @@ class Attention(nn.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
         out = out.reshape(batch, length, self.num_heads * head_dim)
-        return nn.Dense(d_model, name="o", **kw)(out)
+        return checkpoint_name(nn.Dense(d_model, name="o", **kw)(out), "out_proj")
 
 
 class SwiGLU(nn.Module):
@@ -177,10 +186,10 @@ class SwiGLU(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         kw = {"use_bias": False, "dtype": self.dtype, "param_dtype": self.param_dtype}
-        gate = nn.Dense(self.ffn_dim, name="gate", **kw)(x)
-        up = nn.Dense(self.ffn_dim, name="up", **kw)(x)
+        gate = checkpoint_name(nn.Dense(self.ffn_dim, name="gate", **kw)(x), "mlpwi_0")
+        up = checkpoint_name(nn.Dense(self.ffn_dim, name="up", **kw)(x), "mlpwi_1")
         act = nn.gelu if self.activation == "gelu" else nn.silu
-        return nn.Dense(x.shape[-1], name="down", **kw)(act(gate) * up)
+        return checkpoint_name(nn.Dense(x.shape[-1], name="down", **kw)(act(gate) * up), "mlpwo")
 
 
 class MixtureOfExperts(nn.Module):
@@ -309,6 +318,7 @@ class Llama(nn.Module):
     norm_eps: float = 1e-5
     rope_theta: float = 500_000.0
     remat: bool = False
+    remat_policy: str = "full"  # a key of REMAT_POLICIES
     scan_layers: bool = False
     head_dim: int | None = None
     activation: str = "silu"
@@ -342,10 +352,14 @@ class Llama(nn.Module):
         if self.scan_layers:
             # no barrier: the scan already keeps XLA from merging the recomputation into the
             # forward pass (JAX's advice for remat inside scan; MaxText's setting)
-            block = nn.remat(LlamaBlock, prevent_cse=False) if self.remat else LlamaBlock
+            policy = REMAT_POLICIES[self.remat_policy]()
+            block = (
+                nn.remat(LlamaBlock, prevent_cse=False, policy=policy) if self.remat else LlamaBlock
+            )
             x = scan_blocks(block(*block_args, name="blocks", **kw), x, self.num_layers)
         else:
-            block = nn.remat(LlamaBlock) if self.remat else LlamaBlock
+            policy = REMAT_POLICIES[self.remat_policy]()
+            block = nn.remat(LlamaBlock, policy=policy) if self.remat else LlamaBlock
             for i in range(self.num_layers):
                 x = block(*block_args, name=f"block{i}", **kw)(x)
         x = RMSNorm(self.norm_eps, name="norm_f", **kw)(x)
@@ -354,6 +368,24 @@ class Llama(nn.Module):
         else:
             logits = nn.Dense(self.vocab_size, use_bias=False, name="lm_head", **kw)(x)
         return logits.astype(_accumulation_dtype(self.dtype))
+
+
+_QKV = ("query_proj", "key_proj", "value_proj")  # the projections' checkpoint names
+# What `nn.remat` keeps of a block, by MaxText's ``remat_policy`` names (None: nothing saved)
+REMAT_POLICIES = {
+    "full": lambda: None,
+    "minimal": lambda: jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "minimal_offloaded": lambda: jax.checkpoint_policies.offload_dot_with_no_batch_dims(
+        "device", "pinned_host"
+    ),
+    "save_qkv_proj": lambda: jax.checkpoint_policies.save_only_these_names(*_QKV),
+    "qkv_proj_offloaded": lambda: jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=list(_QKV),
+        offload_src="device",
+        offload_dst="pinned_host",
+    ),
+}
 
 
 def _config(
@@ -419,13 +451,21 @@ def llama_config(
     seq_len: int | None = None,
     scan_layers: bool = False,
     capacity_factor: float | None = None,
+    remat_policy: str | None = None,
 ) -> dict[str, Any]:
     """A fresh copy of the config of ``name`` (a key of ``CONFIGS``), with overrides
-    (``capacity_factor``: a mixture of experts' dispatch, see `MixtureOfExperts`)."""
+    (``capacity_factor``: a mixture of experts' dispatch, see `MixtureOfExperts`;
+    ``remat_policy``: a key of `REMAT_POLICIES`, which turns ``remat`` on)."""
     if name not in CONFIGS:
         raise KeyError(f"unknown Llama config {name!r}; known: {', '.join(CONFIGS)}")
     cfg = dict(CONFIGS[name][0 if small else 1])
-    cfg["remat"] = bool(remat)
+    cfg["remat"] = bool(remat) or remat_policy is not None
+    if remat_policy is not None:
+        if remat_policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"unknown remat_policy {remat_policy!r}; known: {', '.join(REMAT_POLICIES)}"
+            )
+        cfg["remat_policy"] = remat_policy
     cfg["scan_layers"] = bool(scan_layers)
     if batch is not None:
         cfg["batch"] = int(batch)
@@ -460,6 +500,7 @@ def llama_example(name: str, cfg: dict[str, Any], dtype: Any = None) -> Example:
         norm_eps=cfg["norm_eps"],
         rope_theta=cfg["rope_theta"],
         remat=bool(cfg.get("remat", False)),
+        remat_policy=cfg.get("remat_policy", "full"),
         scan_layers=bool(cfg.get("scan_layers", False)),
         head_dim=cfg.get("head_dim"),
         activation=cfg.get("activation", "silu"),

@@ -129,6 +129,25 @@ def test_plan_large_decoder_with_remat_and_scanned_layers(tmp_path, capsys):
     assert ex.config["remat"] and ex.config["scan_layers"]
 
 
+def test_plan_large_decoder_with_an_offloading_remat_policy(capsys, caplog):
+    """--remat-policy builds the blocks rematerialized with one of MaxText's policies (it turns
+    --remat on): the title says which; the offloading one plans its moves to the host with no
+    replicated fallback."""
+    from jaxpar.cli_input import DecoderBuild, zoo_example
+
+    argv = ["plan", "llama3_8b", "--small", "--mesh", "a=2,b=4", "--cluster", "dgx-h100"]
+    flags = ["--remat-policy", "minimal_offloaded", "--seq-len", "32", "--quiet"]
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        rc, out, _ = run_cli([*argv, *flags], capsys)
+    assert rc == 0 and not caplog.records, [r.getMessage() for r in caplog.records]
+    assert out.startswith("llama3_8b (small), remat (minimal_offloaded), 32 tokens per sequence")
+    build = DecoderBuild(remat=True, seq_len=32, remat_policy="minimal_offloaded")
+    ex, _, _ = zoo_example("llama3_8b", None, True, "float32", 8, build)
+    assert ex.config["remat"] and ex.config["remat_policy"] == "minimal_offloaded"
+
+
 def test_plan_mixture_of_experts_by_capacity(capsys):
     """--capacity-factor dispatches a mixture of experts GShard's way: the title says so and
     the experts' layers are dispatch einsums, not grouped matmuls."""
@@ -255,6 +274,11 @@ BAD_PLAN_INPUT = [
     ),
     (["mixtral_8x7b", "--mesh", "a=2", "--capacity-factor", "nan"], ["'nan' is not a positive"]),
     (["vgg16", "--mesh", "a=2", "--seq-len", "128"], ["--seq-len applies to the large decoders"]),
+    (
+        ["llama3_8b", "--mesh", "a=2", "--remat-policy", "minimal_offload"],
+        ["unknown --remat-policy 'minimal_offload'", "did you mean 'minimal_offloaded'?"],
+    ),
+    (["vgg16", "--mesh", "a=2", "--remat-policy", "minimal"], ["--remat-policy applies"]),
     (["llama3_8b", "--mesh", "a=2", "--seq-len", "0"], ["'0' is not a sequence length"]),
     # usage errors: one line too, no usage block
     (["lenet5"], ["required: --mesh", "jaxpar plan --help"]),
@@ -391,7 +415,7 @@ def test_help_is_plain_text_and_lists_commands(capsys):
         assert command in out
 
 
-def test_plan_help_lists_models_and_presets(capsys):
+def test_plan_help_lists_models_presets_and_remat_policies(capsys):
     import models
 
     with pytest.raises(SystemExit) as exit_info:
@@ -400,7 +424,9 @@ def test_plan_help_lists_models_and_presets(capsys):
     out = capsys.readouterr().out
     assert "``" not in out
     words = set(re.findall(r"[\w-]+", out))
-    listed = (*models.NAMES, *models.EXTRA, *models.LARGE, *Cluster.presets())
+    from models.llama import REMAT_POLICIES
+
+    listed = (*models.NAMES, *models.EXTRA, *models.LARGE, *Cluster.presets(), *REMAT_POLICIES)
     missing = [n for n in listed if n not in words]
     assert not missing, missing
     assert "float32" in out and "bfloat16" in out  # the dtypes

@@ -118,6 +118,59 @@ def test_remat_saves_memory_on_gpu_but_not_on_xla_cpu():
     assert on_gpu[True].peak < 0.7 * on_gpu[False].peak
 
 
+@pytest.mark.oracle
+@pytest.mark.parametrize(
+    ("saved", "offloaded"),
+    [("minimal", "minimal_offloaded"), ("save_qkv_proj", "qkv_proj_offloaded")],
+)
+def test_offloaded_residuals_leave_the_device_on_gpu_but_not_on_xla_cpu(caplog, saved, offloaded):
+    """MaxText's remat policies that offload what another keeps (``minimal``: the projections'
+    results; ``save_qkv_proj``: the checkpoint names ``query_proj``, ``key_proj``,
+    ``value_proj``) to ``pinned_host``, brought back for the backward pass. Their
+    ``device_put`` s follow their operands: no replicated fallback, no warning, each device
+    offloads its own shard, and the sharded step equals the unsharded one in float64 (to the
+    float32 loss's precision). XLA:CPU lowers the moves to the identity (one memory): the
+    compiled peak is the saving policy's, and so is the prediction, within the band. Planned
+    for GPUs, offloaded results hold no device memory: the activations are full remat's."""
+    import logging
+
+    mesh = jaxpar.make_mesh(MESHES["2x4"])
+    peaks = {}
+    for policy in (saved, offloaded):
+        ex = llama_example("llama_small", llama_config("llama_small", remat_policy=policy))
+        with caplog.at_level(logging.WARNING, logger="jaxpar"):
+            step = jaxpar.auto_shard(ex.step, mesh=mesh, donate_argnums=(0,))
+            compiled = step.lower(*ex.args).compile()
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+        plan = step.plan
+        puts = [e for e in plan.program.eqns if e.primitive == "device_put"]
+        assert bool(puts) == (policy == offloaded)
+        for e in puts:  # each device offloads its shard, not a gathered copy
+            assert any(d >= 0 for d in plan.config(plan.ng.node_of_eqn[e.index])), e
+        peaks[policy] = (plan.memory.peak, compiled_peak(compiled))
+    (kept, kept_compiled), (moved, moved_compiled) = peaks[saved], peaks[offloaded]
+    assert moved_compiled == pytest.approx(kept_compiled, rel=1e-3)  # XLA:CPU: one memory
+    assert moved == pytest.approx(kept, rel=1e-3)
+    lo, hi = FIDELITY_BAND
+    assert lo <= moved / moved_compiled <= hi
+    with jax.enable_x64(True):
+        cfg = llama_config("llama_small", remat_policy=offloaded)
+        ex = llama_example("llama_small", cfg, jnp.float64)
+        args = ex.make_args(0)
+        sharded = jaxpar.auto_shard(ex.step, mesh=mesh)
+        # the loss is float32 in every zoo model: the float64 gradients agree to its precision
+        assert_equivalent(sharded(*args), jax.jit(ex.step)(*args), rtol=1e-6)
+    on_gpu = {}  # longer sequences, so that activations dominate
+    for policy in ("full", saved, offloaded):
+        cfg = llama_config("llama_small", remat_policy=policy, batch=16, seq_len=512)
+        ex = llama_example("llama_small", cfg)
+        on_gpu[policy] = jaxpar.plan(
+            ex.step, *ex.args, mesh={"data": 8}, cluster="dgx-h100", strategy="data"
+        ).memory
+    assert on_gpu[saved].activations > 1.5 * on_gpu["full"].activations
+    assert on_gpu[offloaded].activations == on_gpu["full"].activations
+
+
 @pytest.mark.closed_form
 def test_recomputed_values_merge_with_the_forward_pass():
     """`cse_after_barriers` on a checkpointed block under grad: each value the backward pass

@@ -124,6 +124,72 @@ def test_ffts_and_factorizations_split_their_batch(mesh, caplog):
         assert spaces and all(s.splittable == (True,) * batch for s in spaces), prim
 
 
+def _whitening_step(w, x, stats):
+    """A step that reaches for every matrix routine a second-order optimizer or a normalizing
+    flow uses, on per-layer stacks of matrices: SVD and QR of the stacked gradients, LU (solve,
+    inverse, log-determinant), a general eigendecomposition, and reductions without a
+    collective (bitwise xor, a variadic max-with-sum) of per-layer 4 x 4 blocks, and a
+    histogram's bins (``jnp.searchsorted``: total-order comparisons)."""
+    from jax import lax
+
+    def loss(w):
+        return (jnp.tanh(x @ w) ** 2).mean()
+
+    g = jax.grad(loss)(w)  # [16, 32]
+    stack = g.reshape(4, 4, 32) @ g.reshape(4, 32, 4) + stats  # [4, 4, 4] per-layer blocks
+    u, s, vt = jnp.linalg.svd(stack, full_matrices=False)
+    q, r = jnp.linalg.qr(stack)
+    solved = jnp.linalg.solve(stack, jnp.ones((4, 4, 2)))
+    inverse = jnp.linalg.inv(stack)
+    _, logdet = jnp.linalg.slogdet(stack)
+    eigenvalues = jnp.linalg.eig(stack)[0]  # host-only on GPU; XLA:CPU runs it
+    bits = jnp.bitwise_xor.reduce(jnp.round(stack * 64).astype(jnp.int64), axis=-1)
+    bins = jnp.searchsorted(jnp.linspace(-1.0, 1.0, 9), jnp.tanh(stack))  # total-order compares
+    big, total = lax.reduce(
+        (stack, stack), (-jnp.inf, 0.0), lambda a, b: (jnp.maximum(a[0], b[0]), a[1] + b[1]), (2,)
+    )
+    return w - 0.1 * g, (
+        (u * s[:, None, :]) @ vt + q @ r,
+        solved.sum(-1) + inverse.sum(-1) + logdet[:, None] + jnp.abs(eigenvalues),
+        bits.astype(jnp.float64) + big + total + bins.sum(-1),
+    )
+
+
+def test_matrix_routines_and_reductions_without_a_collective_split_their_batch(mesh, caplog):
+    """Every routine of `_whitening_step`: no replicated fallback, no warning; the per-matrix
+    batch dims split and the matrix dims stay whole; a variadic reduce and a bitwise xor keep
+    their reduced dim whole; the step on (2, 4) under data parallelism and the planner's own
+    plan equals the unsharded one in float64 (``jnp.linalg.solve`` is its solve's body)."""
+    rs = np.random.RandomState(0)
+    with jax.enable_x64(True):
+        w, x = jnp.asarray(rs.randn(16, 32) / 4), jnp.asarray(rs.randn(8, 16, 16))
+        stats = jnp.asarray(np.eye(4)[None] * 4 + rs.randn(4, 4, 4) / 8)
+        want = jax.jit(_whitening_step)(w, x, stats)
+        for strategy in ("data", "auto"):
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="jaxpar"):
+                sharded = jaxpar.auto_shard(_whitening_step, mesh=mesh, strategy=strategy)
+                got = sharded(w, x, stats)
+            assert not caplog.records, [r.getMessage() for r in caplog.records]
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-9)
+        assert not any(e.primitive == "custom_linear_solve" for e in sharded.plan.program.eqns)
+        plan = sharded.plan
+        # Golub & Van Loan's counts for one 4 x 4 block (`rules._core_flops`), times 4 blocks:
+        # SVD with U and V 4M²k + 8Mk² + 9k³, QR 4Mk² - 4k³/3, LU 2n³/3, eig with vectors 25n³
+        n = 4
+        per_block = {"svd": 21 * n**3, "qr": 8 * n**3 / 3, "lu": 2 * n**3 / 3, "eig": 25 * n**3}
+        for prim in ("svd", "qr", "lu", "eig"):
+            spaces = _spaces(sharded, prim)
+            assert spaces and all(s.splittable == (True,) for s in spaces), prim
+            assert all(s.flops == pytest.approx(4 * per_block[prim]) for s in spaces), prim
+            for e in (e for e in plan.program.eqns if e.primitive == prim):  # run sharded
+                assert 0 in plan.config(plan.ng.node_of_eqn[e.index]), prim
+        for prim in ("reduce", "reduce_xor"):
+            (space,) = _spaces(sharded, prim)
+            assert space.splittable == (True, True, False), prim
+
+
 def _attention_kernel(q, k, v):
     """One shard's causal attention (what a flash-attention kernel under shard_map computes)."""
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
@@ -217,8 +283,8 @@ def test_shard_map_keeps_its_layouts_and_is_predicted(mesh, caplog, spec):
 
 
 def test_shard_maps_the_space_cannot_say_run_replicated_with_a_reason(mesh, caplog):
-    """A body that communicates, axes left automatic inside, and one axis in two combinations:
-    replicated, each with its reason, and still equal to the unsharded step."""
+    """A body that communicates in a loop, and one axis in two combinations: replicated, each
+    with its reason, and still equal to the unsharded step."""
     from jax.sharding import PartitionSpec as P
 
     shift = [(i, (i + 1) % 4) for i in range(4)]
@@ -228,10 +294,6 @@ def test_shard_maps_the_space_cannot_say_run_replicated_with_a_reason(mesh, capl
                 0, jnp.int32(2), lambda i, b: jax.lax.ppermute(b, "model", shift), a
             ),
             mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", "model"),
-        ),
-        "leaves mesh axes ['model'] automatic": jax.shard_map(
-            lambda a: a * 2, mesh=mesh, in_specs=P("data"), out_specs=P("data"),
-            axis_names={"data"},
         ),
         "in different combinations": jax.shard_map(
             lambda a, b: (a * 2, b), mesh=mesh, in_specs=(P("data"), P(("data", "model"))),
@@ -305,6 +367,48 @@ def test_a_shard_map_that_communicates_is_priced_and_predicted(mesh, caplog):
     # group, as compiled: a layer's weight gradients do not hold up the layer below
     grads = [c for c in mine if c.kind == "all-reduce" and c.axes == ("data",)]
     assert len(grads) == 4 and len({c.group for c in grads}) == 1
+
+
+def test_a_shard_map_with_automatic_axes_is_planned_over_its_manual_ones(mesh, caplog):
+    """A hand-written tensor-parallel MLP, manual over ``model`` only (``axis_names``), ``data``
+    left to the compiler: planned over ``model`` as its specs say (its layouts kept, its
+    ``psum`` priced), replicated over ``data``, with one warning that names the automatic axis.
+    Equal to the unsharded step in float64, and every collective predicted as compiled. Before,
+    it ran replicated over both axes."""
+    from jax.sharding import PartitionSpec as P
+
+    def mlp_body(x, w1, w2):
+        return jax.lax.psum(jax.nn.relu(x @ w1) @ w2, "model")
+
+    specs = (P(), P(None, "model"), P("model", None))
+    mlp = jax.shard_map(mlp_body, mesh=mesh, in_specs=specs, out_specs=P(), axis_names={"model"})
+
+    def step(params, x, y):
+        grad = jax.grad(lambda p: ((mlp(x, p["w1"], p["w2"]) - y) ** 2).mean())(params)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, params, grad)
+
+    rs = np.random.RandomState(0)
+    with jax.enable_x64(True):
+        params = {"w1": jnp.asarray(rs.randn(64, 256) / 8), "w2": jnp.asarray(rs.randn(256, 64))}
+        x, y = jnp.asarray(rs.randn(32, 64)), jnp.asarray(rs.randn(32, 64))
+        with caplog.at_level(logging.WARNING, logger="jaxpar"):
+            sharded = jaxpar.auto_shard(step, mesh=mesh)
+            out = sharded(params, x, y)
+        want = jax.jit(step)(params, x, y)
+        for got, ref in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-10)
+        from jaxpar.verify import fidelity
+
+        check = fidelity(sharded.plan.collectives, sharded.lower(params, x, y).compile())
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1, messages
+    assert "leaves mesh axes ['data'] automatic" in messages[0]
+    assert "planned over its other axes" in messages[0]
+    spaces = _spaces(sharded, "shard_map")
+    assert spaces and not any(s.replicated for s in spaces)
+    assert all(dict(s.manual).keys() == {"model"} for s in spaces)
+    assert check.relative_error < 1e-9 and check.counts_ok(tolerance=0, slack=0), check.text
+    assert any(c.reason == "shard_map" and c.axes == ("model",) for c in sharded.plan.collectives)
 
 
 def _differentiated_attention_step(mesh, spec):
