@@ -175,8 +175,9 @@ def test_matrix_routines_and_reductions_without_a_collective_split_their_batch(m
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-9)
         assert not any(e.primitive == "custom_linear_solve" for e in sharded.plan.program.eqns)
         plan = sharded.plan
-        # Golub & Van Loan's counts for one 4 x 4 block (`rules._core_flops`), times 4 blocks:
-        # SVD with U and V 4M²k + 8Mk² + 9k³, QR 4Mk² - 4k³/3, LU 2n³/3, eig with vectors 25n³
+        # Golub & Van Loan's counts for one 4 x 4 block (`rules_linalg._core_flops`), times 4
+        # blocks: SVD with U and V 4M²k + 8Mk² + 9k³, QR 4Mk² - 4k³/3, LU 2n³/3, eig with
+        # vectors 25n³
         n = 4
         per_block = {"svd": 21 * n**3, "qr": 8 * n**3 / 3, "lu": 2 * n**3 / 3, "eig": 25 * n**3}
         for prim in ("svd", "qr", "lu", "eig"):
