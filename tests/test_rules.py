@@ -191,6 +191,36 @@ def test_matrix_routines_and_reductions_without_a_collective_split_their_batch(m
             assert space.splittable == (True, True, False), prim
 
 
+def test_device_puts_to_host_memory_stay_and_layouts_give_way(mesh, caplog):
+    """``jax.device_put`` inside a step: a move to a layout (a NamedSharding in device memory)
+    is dropped, the plan's layouts replace it; a move to the host's memory kind and back stays,
+    one ``device_put`` to each memory space, its result held on the host (`Tensor.host`).
+    No warning; equal to the unsharded step."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def step(w, x):
+        y = jax.device_put(x, NamedSharding(mesh, P("model")))
+        h = jnp.tanh(y @ w)
+        off = jax.device_put(h, NamedSharding(mesh, P(), memory_kind="pinned_host"))
+        back = jax.device_put(off, NamedSharding(mesh, P(), memory_kind="device"))
+        return (back * h).sum(0)
+
+    w, x = jnp.arange(256.0).reshape(16, 16) / 256, jnp.arange(512.0).reshape(32, 16) / 512
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        sharded = jaxpar.auto_shard(step, mesh=mesh)
+        out = sharded(w, x)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(step)(w, x)), rtol=1e-6)
+    program = sharded.plan.program
+    puts = [e for e in program.eqns if e.primitive == "device_put"]
+    assert [e.params["devices"] for e in puts] == [
+        (jax.memory.Space.Host,),
+        (jax.memory.Space.Device,),
+    ]
+    assert [program.tensors[e.outputs[0]].host for e in puts] == [True, False]
+
+
 def _attention_kernel(q, k, v):
     """One shard's causal attention (what a flash-attention kernel under shard_map computes)."""
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
