@@ -137,7 +137,7 @@ class _Flattener:
 
     def new_tensor(self, aval: Any) -> int:
         dtype, itemsize = _dtype_info(aval)
-        host = str(getattr(aval, "memory_space", "")).endswith("Host")
+        host = getattr(aval, "memory_space", None) == jax.memory.Space.Host
         self.tensors.append(Tensor(tuple(int(d) for d in aval.shape), dtype, itemsize, host=host))
         return len(self.tensors) - 1
 
