@@ -481,8 +481,14 @@ _WHILE = (
     "reads values the step computes); scans and loops of a fixed count are planned inside"
 )
 _BITS = "generates random bits, which XLA's partitioner does not split"
+_GAMMA = (
+    "draws gamma variates by rejection (jax.random.gamma, beta, dirichlet); split, XLA "
+    "all-reduces each rejection loop's flag over the split axes on every iteration, so it runs "
+    "replicated (its draws are usually a vector per example: small to hold whole)"
+)
 REPLICATED_WARNED = {
     "scan": _LOOPS, "while": _WHILE, "cond": _LOOPS, "custom_call": _LOOPS,
+    "random_gamma": _GAMMA,
     "pure_callback": "calls back into Python on the host",
     "io_callback": "calls back into Python on the host",
     "threefry2x32": _BITS, "rng_bit_generator": _BITS, "rng_uniform": _BITS,

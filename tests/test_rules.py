@@ -706,6 +706,27 @@ def test_random_bits_of_an_rbg_key_run_replicated_with_one_warning(mesh, caplog)
     assert_equivalent(out, ref)
 
 
+def test_gamma_draws_run_replicated_with_the_reason(mesh, caplog):
+    """Mixup's weights (``jax.random.beta``: two gamma draws by rejection) run replicated with
+    one warning that says why (split, each rejection loop would all-reduce its flag on every
+    iteration); the rest of the step is planned; equal to the unsharded step, bit for bit."""
+
+    def step(x, key):
+        lam = jax.random.beta(key, 0.4, 0.4, (x.shape[0],))[:, None]
+        return jnp.tanh(3 * (lam * x + (1 - lam) * x[::-1]))
+
+    x = jnp.arange(256 * 64, dtype=jnp.float32).reshape(256, 64) / 2**14
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        sharded = jaxpar.auto_shard(step, mesh=mesh)
+        out = sharded(x, jax.random.key(0))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "'random_gamma'" in messages[0], messages  # two draws
+    assert "rejection" in messages[0] and "all-reduces" in messages[0]
+    spaces = _spaces(sharded, "random_gamma")
+    assert len(spaces) == 2 and all(s.replicated for s in spaces)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(step)(x, jax.random.key(0))))
+
+
 def test_top_k_splits_every_dim_but_its_axis(mesh):
     """A mixture of experts' routing: top-k over the experts, per token."""
 
