@@ -46,36 +46,31 @@ def space_of(eqn: Equation, program: Program, warned: set[str] | None = None) ->
     """The equation's iteration space. Unknown primitives, and the documented replicated ones
     (`REPLICATED_WARNED`: loops, custom calls, random bits XLA cannot partition), run replicated
     with one warning per primitive that names it, the layer and why (``warned``: the primitives
-    a planning run has already warned about)."""
+    a planning run has already warned about); one replicated over some axes only
+    (`PARTLY_REPLICATED`) warns once per reason."""
     rule = RULES.get(eqn.primitive)
     why = _why_replicated(eqn, program, rule)
-    partly = PARTLY_REPLICATED.get(eqn.primitive)
-    if why is None and partly is not None and (reason := partly(eqn, program)) is not None:
-        warned = set() if warned is None else warned
-        if f"{eqn.primitive}: {reason}" not in warned:
-            warned.add(f"{eqn.primitive}: {reason}")
-            log.warning(
-                "jaxpar: primitive %r (in %s) %s; it is planned over its other axes and runs "
-                "replicated over those",
-                eqn.primitive,
-                layer_of(eqn.name_stack) or "the step's top level",
-                reason,
-            )
+    warned = set() if warned is None else warned
     if why is not None:
-        warned = set() if warned is None else warned
-        if eqn.primitive not in warned:
-            warned.add(eqn.primitive)
-            log.warning(
-                "jaxpar: primitive %r (in %s) %s; it runs replicated: its operands are gathered "
-                "and its results replicated on every device",
-                eqn.primitive,
-                layer_of(eqn.name_stack) or "the step's top level",
-                why,
-            )
+        _warn_once(eqn, why, "runs replicated: its operands are gathered and its results "
+                   "replicated on every device", eqn.primitive, warned)  # fmt: skip
         return replicated_space(eqn, program)
+    partly = PARTLY_REPLICATED.get(eqn.primitive)
+    if partly is not None and (reason := partly(eqn, program)) is not None:
+        _warn_once(eqn, reason, "is planned over its other axes and runs replicated over those",
+                   f"{eqn.primitive}: {reason}", warned)  # fmt: skip
     if rule is None or any(program.tensors[t].opaque for t in eqn.outputs):
         return replicated_space(eqn, program)
     return rule(eqn, program)
+
+
+def _warn_once(eqn: Equation, why: str, outcome: str, key: str, warned: set[str]) -> None:
+    """Log "primitive P (in layer) <why>; it <outcome>" unless ``key`` is in ``warned``."""
+    if key in warned:
+        return
+    warned.add(key)
+    layer = layer_of(eqn.name_stack) or "the step's top level"
+    log.warning("jaxpar: primitive %r (in %s) %s; it %s", eqn.primitive, layer, why, outcome)
 
 
 def _why_replicated(eqn: Equation, program: Program, rule) -> str | None:

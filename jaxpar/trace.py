@@ -165,12 +165,8 @@ class _Flattener:
             if name == "device_put":
                 self.device_put(eqn, env, stack)
                 continue
-            if name == "custom_linear_solve":  # `jnp.linalg.solve`: its value is its solve's
-                lengths = eqn.params["const_lengths"]
-                start = lengths.matvec + lengths.vecmat
-                b = list(eqn.invars)[sum(lengths) :]
-                consts = list(eqn.invars)[start : start + lengths.solve]
-                self.inline(eqn.params["jaxprs"].solve, eqn, env, stack, operands=consts + b)
+            if name == "custom_linear_solve":
+                self.linear_solve(eqn, env, stack)
                 continue
             body_key = CALL_BODIES.get(name)
             if body_key and body_key in eqn.params:
@@ -193,6 +189,16 @@ class _Flattener:
                     env[v] = tid
                 outs.append(tid)
             self.add(name, dict(eqn.params), ins, lits, outs, stack, eqn.primitive)
+
+    def linear_solve(self, eqn: Any, env: dict, stack: str) -> None:
+        """``custom_linear_solve`` (``jnp.linalg.solve``): its value is its solve body's, read
+        from the solve's consts and the right-hand sides (operands: the consts of matvec,
+        vecmat, solve and transpose_solve in turn, then b)."""
+        lengths = eqn.params["const_lengths"]
+        start = lengths.matvec + lengths.vecmat
+        consts = list(eqn.invars)[start : start + lengths.solve]
+        b = list(eqn.invars)[sum(lengths) :]
+        self.inline(eqn.params["jaxprs"].solve, eqn, env, stack, operands=consts + b)
 
     def device_put(self, eqn: Any, env: dict, stack: str) -> None:
         """``jax.device_put`` inside the step, one array at a time. A move between memory
