@@ -382,7 +382,7 @@ def _unfiltered(ctx: EvalContext) -> tuple[list[list], Problem]:
         every = node_configs(ng, node, params.mesh.sizes, names=params.mesh.names)
         ext_configs.append(every if set(cfgs) <= set(every) else cfgs)
     unary = [
-        node_tables(ng, node, cfgs, params)[1]
+        node_tables(ng, node, cfgs, params)[2]
         for node, cfgs in zip(ng.nodes, ext_configs, strict=True)
     ]
     ext = Problem(unary=unary, edges={}, blocks=tables.problem.blocks)

@@ -282,6 +282,55 @@ def _node_work(
     return NodeWork(flops, nbytes, seconds, sum(k.runs for k in kernels), tuple(per_kernel))
 
 
+def host_moves(ng: NodeGraph, node: Node) -> list[tuple[int, bool]]:
+    """(member position, whether it moves to the host) of the node's moves between device
+    and host memory (``device_put``: `trace` keeps only moves between memory spaces)."""
+    program = ng.program
+    out = []
+    for i, m in enumerate(node.members):
+        if m.eqn >= 0 and program.eqns[m.eqn].primitive == "device_put":
+            out.append((i, program.tensors[program.eqns[m.eqn].outputs[0]].host))
+    return out
+
+
+def host_move_bytes(
+    ng: NodeGraph, node: Node, cfgs: Sequence[Config], mesh: MeshAxes
+) -> np.ndarray | None:
+    """Per configuration, the bytes one run of the node's moves between device and host memory
+    copies per device, or None when it makes none: Σ_{moves m} nbytes(result_m) / shards(m)
+    (each device copies its own shard)."""
+    moves = host_moves(ng, node)
+    if not moves:
+        return None
+    D = dim_degrees(cfgs, len(node.space.sizes), mesh.sizes)
+    out = np.zeros(len(cfgs))
+    for i, _ in moves:
+        m = node.members[i]
+        shards = np.ones(len(cfgs))
+        for d in m.out_maps[0]:
+            if d is not None:
+                shards = shards * D[:, d]
+        out += ng.program.tensors[ng.program.eqns[m.eqn].outputs[0]].nbytes / shards
+    return out
+
+
+def host_move_seconds(
+    ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams
+) -> np.ndarray | None:
+    """Per configuration, t_H: seconds of one run of the node's moves between device and host
+    memory on the device's link to its host, or None when it makes none::
+
+        t_H = `host_move_bytes` / host_bandwidth
+
+    Each device copies its own shard over its own link (a PCIe x16 per GPU), on a copy engine
+    beside its compute (`step_timeline`). A host link of unknown speed (0: TPUs; XLA:CPU,
+    where host and device memory are one and the moves are the identity) prices them at 0."""
+    nbytes = host_move_bytes(ng, node, cfgs, params.mesh)
+    if nbytes is None or not params.mesh.host_bandwidth:
+        return None if nbytes is None else np.zeros(len(cfgs))
+    return nbytes / params.mesh.host_bandwidth
+
+
 def compute_times(
     ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams, memo: dict | None = None
 ) -> np.ndarray:
@@ -408,11 +457,14 @@ def is_grad_sync(node: Node, cfg: Config, batch: set[int]) -> bool:
     return node.phase == BACKWARD and any(d in red and d in batch for d in cfg if d >= 0)
 
 
-def node_price(compute_s: float, colls: Sequence[NodeCollective], objective: str) -> float:
-    """A node's term of the objective: t_C + Σ collective times ("time"), or Σ bytes ("comm")."""
+def node_price(
+    compute_s: float, colls: Sequence[NodeCollective], objective: str, host_s: float = 0.0
+) -> float:
+    """A node's term of the objective: t_C + t_H + Σ collective times ("time"; t_H: its moves
+    to and from host memory), or Σ bytes ("comm")."""
     if objective == "comm":
         return sum(c.nbytes for c in colls)
-    return compute_s + sum(c.time_s for c in colls)
+    return compute_s + host_s + sum(c.time_s for c in colls)
 
 
 def may_communicate(node: Node, cfg: Config) -> bool:
@@ -433,11 +485,16 @@ def unary_costs(
     params: CostParams,
     compute: np.ndarray,
     memo: dict | None = None,
+    host: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The search's unary table: `node_price` of every configuration (``compute``: its t_C),
-    i.e. t_C + `own_comm_costs` (only the latter under the "comm" objective)."""
+    """The search's unary table: `node_price` of every configuration (``compute``: its t_C;
+    ``host``: its t_H, `host_move_seconds`), i.e. t_C + t_H + `own_comm_costs` (only the
+    latter under the "comm" objective)."""
     comm = own_comm_costs(ng, node, cfgs, params, memo)
-    return comm if params.objective == "comm" else np.asarray(compute, dtype=float) + comm
+    if params.objective == "comm":
+        return comm
+    out = np.asarray(compute, dtype=float) + comm
+    return out if host is None else out + host
 
 
 def own_comm_costs(

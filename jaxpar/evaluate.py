@@ -29,7 +29,14 @@ from .combine import (
     item_dependencies,
 )
 from .configs import spec_of, split_axes
-from .cost import CostParams, is_grad_sync, node_collectives, node_dtype, node_price
+from .cost import (
+    CostParams,
+    host_move_bytes,
+    is_grad_sync,
+    node_collectives,
+    node_dtype,
+    node_price,
+)
 from .graph import shape_str
 from .hardware.speeds import MeshSpeeds
 from .nodes import NodeGraph
@@ -62,7 +69,7 @@ class Collective:
 class PlanCost:
     """Predicted cost of one training step."""
 
-    step_s: float  # t_C + t_X + t_S (OptCNN Eq. 1)
+    step_s: float  # t_C + t_X + t_S (OptCNN Eq. 1), + t_H (moves to and from host memory)
     compute_s: float  # Σ t_C
     comm_s: float  # Σ t_X + Σ t_S
     comm_bytes: float  # bytes sent per device per step
@@ -82,6 +89,11 @@ class PlanCost:
     # collectives: `reshard.local_kernels`; their time is in reshard_s), beside the nodes'
     # compute traffic (`cost.plan_work`)
     local_bytes: float = 0.0
+    # moves between device and host memory (a remat policy's offloaded residuals, both ways):
+    # Σ t_H, in step_s; the overlapped step runs them on the copy engines
+    # (`cost.host_move_seconds`), and bytes copied per device per step
+    host_s: float = 0.0
+    host_bytes: float = 0.0
 
     def step_for(self, objective: str) -> float:
         """The step a plan is compared by: the overlapped one under "overlap", else Eq. 1."""
@@ -155,6 +167,8 @@ class _NodeTerms:
     t_X: float  # its non-gradient partial sums and halos
     t_S: float  # its gradient all-reduces
     nbytes: float
+    t_H: float  # its moves between device and host memory (`cost.host_move_seconds`)
+    host_bytes: float  # what they copy per device
     # its own collectives, each with its combiner item and latency per run (all-reduces only)
     collectives: tuple[tuple[Collective, AllReduceItem | None, float], ...]
 
@@ -218,10 +232,15 @@ def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
             node.phase, ctx.labels[v], trips,
         )  # fmt: skip
         colls.append((collective, item, latency))
-    price = node_price(compute / trips, own, ctx.params.objective) * trips
+    host, host_bytes = ctx.tables.host[v], 0.0
+    t_h = 0.0 if host is None else float(host[a])  # all iterations
+    if host is not None:
+        host_bytes = float(host_move_bytes(ng, node, [cfg], mesh)[0]) * trips
+    price = node_price(compute / trips, own, ctx.params.objective, t_h / trips) * trips
     hit = _NodeTerms(
-        price, compute, compute * factor, terms["t_X"], terms["t_S"], nbytes, tuple(colls)
-    )
+        price, compute, compute * factor, terms["t_X"], terms["t_S"], nbytes, t_h, host_bytes,
+        tuple(colls),
+    )  # fmt: skip
     memo[(v, a)] = hit
     return hit
 
@@ -230,6 +249,7 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     """Cost, per-node rows and predicted collectives of ``assignment``."""
     ng, tables, mesh = ctx.ng, ctx.tables, ctx.params.mesh
     t_c, ratio, t_x, t_s, sent_bytes = [], [], [], [], []  # per node, its row's fields
+    t_h, host_bytes = [], 0.0  # per node, its moves to and from host memory
     colls: list[Collective] = []
     items: list[tuple[int, AllReduceItem, float]] = []  # (collective, item, latency per run)
     own_of: list[list[int]] = [[] for _ in ng.nodes]  # per node, its own collectives
@@ -242,6 +262,8 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
         t_x.append(terms.t_X)
         t_s.append(terms.t_S)
         sent_bytes.append(terms.nbytes)
+        t_h.append(terms.t_H)
+        host_bytes += terms.host_bytes
         for collective, item, latency in terms.collectives:
             own_of[v].append(len(colls))
             if item is not None:
@@ -288,14 +310,14 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
             )  # fmt: skip
     riding = _combine(ctx, colls, items)
     saved = sum(riding.values())
-    plain = _plan_cost(t_c, ratio, t_x, t_s, sent_bytes)
-    plain = dataclasses.replace(plain, local_bytes=local_bytes)
+    plain = _plan_cost(t_c, ratio, t_x, t_s, sent_bytes, sum(t_h))
+    plain = dataclasses.replace(plain, local_bytes=local_bytes, host_bytes=host_bytes)
     schedules = [(ctx, gathered, False)]
     if any(pipelining(ctx)):  # the shortest placement, never longer unpipelined (`schedule_step`)
         plain_ctx = dataclasses.replace(ctx, pipelined=frozenset(), memo=ctx.memo)
         schedules += [(ctx, gathered, True), (plain_ctx, set(), False)]
     overlapped = min(
-        schedule_step(c, t_c, colls, own_of, riding, paths, g, top).makespan()
+        schedule_step(c, t_c, t_h, colls, own_of, riding, paths, g, top).makespan()
         for c, g, top in schedules
     )
     cost = dataclasses.replace(
@@ -375,19 +397,21 @@ def _combine(ctx: EvalContext, colls: list[Collective], items) -> dict[int, floa
     return riding
 
 
-def _plan_cost(t_c, t_c_ratio, t_x, t_s, nbytes) -> PlanCost:
-    """Totals of the node rows (OptCNN Eq. 1, and AccPar's ratio split beside it)."""
+def _plan_cost(t_c, t_c_ratio, t_x, t_s, nbytes, host: float) -> PlanCost:
+    """Totals of the node rows (OptCNN Eq. 1, and AccPar's ratio split beside it), with the
+    moves to and from host memory (``host``: Σ t_H)."""
     compute = sum(t_c)
     ratio = sum(t_c_ratio)
     resh = sum(t_x)
     sync = sum(t_s)
     return PlanCost(
-        step_s=compute + resh + sync,
+        step_s=compute + resh + sync + host,
         compute_s=compute,
         comm_s=resh + sync,
         comm_bytes=sum(nbytes),
         reshard_s=resh,
         sync_s=sync,
-        ratio_step_s=ratio + resh + sync,
+        ratio_step_s=ratio + resh + sync + host,
         ratio_compute_s=ratio,
+        host_s=host,
     )

@@ -27,8 +27,9 @@ FUSING_READERS = frozenset(
     (*ELEMENTWISE, *FREE_PRIMITIVES, "transpose", "reduce_sum", "reduce_max", "reduce_min",
      "reduce_prod", "argmax", "argmin", "select_n", "pad", "slice", "concatenate", "gather")
 )  # fmt: skip
-# Results that are bitcasts of their operand (never written; readers read the operand)
-ALIASES = ("reshape", "squeeze", "expand_dims")
+# Results that are bitcasts of their operand (never written; readers read the operand). A
+# remat's `optimization_barrier` only orders the program: XLA passes its operand's buffer on.
+ALIASES = ("reshape", "squeeze", "expand_dims", "optimization_barrier")
 # Producers XLA recomputes inside fusing readers rather than writing their results (a
 # transpose or a slice is an index map: a weight gradient's transpose runs inside the
 # optimizer's update, a loss's shifted logits inside its reductions)

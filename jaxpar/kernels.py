@@ -405,7 +405,11 @@ def _moves_data(program: Program, eqn: Equation, rules: FusionRules) -> bool:
     indexes a scan's stacks in place), except a stack of a contraction's result. A library call
     writes its own buffer, and XLA copies it into the stack's slice with a dynamic-update-slice
     kernel (reading and writing the slice: XLA:GPU's dynamic-slice fusion, which would let the
-    library call write the slice, is off by default; XLA:CPU copies the same way)."""
+    library call write the slice, is off by default; XLA:CPU copies the same way). A move
+    between memory spaces (``device_put``) is no kernel: a copy engine's DMA on an accelerator
+    (`cost.host_move_seconds`), the identity on XLA:CPU."""
+    if eqn.primitive == "device_put":
+        return False
     if eqn.primitive != SCAN_STACK:
         return eqn.primitive not in REGION_PRIMITIVES
     if eqn.inputs[0] is None:

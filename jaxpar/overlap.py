@@ -1,8 +1,9 @@
-"""The step with communication overlapped: compute on one stream, collectives on another.
+"""The step with communication overlapped: compute on one stream, collectives on another, copies
+to and from host memory on the copy engines.
 
 OptCNN's Eq. 1 adds every collective to compute. XLA's GPU/TPU schedulers run collectives
 asynchronously: gradient all-reduces behind the rest of the backward pass, all-gathers of
-parameters ahead of their use. `evaluate` schedules the planned step on two streams and takes
+parameters ahead of their use. `evaluate` schedules the planned step on these streams and takes
 its makespan:
 
 - the compute stream runs the nodes as a list scheduler whose priority is program order
@@ -14,6 +15,10 @@ its makespan:
   through (issued with the node's inputs, once its producers have run; each after the data it
   moves is ready) and each node's own collectives (partial sums after its compute; a halo
   exchange before it);
+- two copy engines, one per direction, run the moves between device and host memory (a remat
+  policy's offloaded residuals) in the order they are issued (`step_timeline`: a move to the
+  host after its operand is ready; a move back issued ahead of its use, by the compute its
+  transfer takes);
 - a task starts when its stream is free and the tasks it depends on have finished:
   ``start = max(stream free, max finish of its dependencies)`` (`schedule`, one pass: every
   dependency is issued before its dependents).
@@ -39,14 +44,14 @@ import dataclasses
 import heapq
 from collections.abc import Callable, Sequence
 
-COMPUTE, COMM = 0, 1
+COMPUTE, COMM, TO_HOST, FROM_HOST = 0, 1, 2, 3  # streams
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
     """One unit of work on a stream."""
 
-    stream: int  # COMPUTE or COMM
+    stream: int  # COMPUTE, COMM, TO_HOST or FROM_HOST
     duration: float  # seconds
     deps: tuple[int, ...] = ()  # tasks (indices, all earlier) that must finish first
 
@@ -65,8 +70,9 @@ class Timeline:
 
     def __init__(self) -> None:
         self.finish: list[float] = []  # per task added, its finish time (`schedule`)
-        self.free = [0.0, 0.0]  # per stream, when its last task finishes
+        self.free = [0.0, 0.0, 0.0, 0.0]  # per stream, when its last task finishes
         self.ready: dict[int, int] = {}  # node -> the task after which its results are ready
+        self.computed: dict[int, int] = {}  # node -> its compute task
         self.steps: dict[tuple, int] = {}  # reshard step key -> its task
 
     def add(self, stream: int, duration: float, deps: Sequence[int | None] = ()) -> int:
@@ -96,7 +102,7 @@ class Timeline:
         deps = list(reads)
         for d in before:
             deps.append(self.add(COMM, d, deps))
-        last = self.add(COMPUTE, compute_s, deps)
+        last = self.computed[index] = self.add(COMPUTE, compute_s, deps)
         for d in after:
             last = self.add(COMM, d, [last])
         self.ready[index] = last

@@ -170,6 +170,28 @@ def paper_notation(plan: Plan, node_index: int, cfg: Config) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
+def host_term(c) -> str:
+    """Eq. 1's term for the copies to and from host memory, when the plan makes any."""
+    return f" + host copies {c.host_s * 1e3:.4f}" if c.host_s else ""
+
+
+def host_line(plan) -> str:
+    """What the plan copies between device and host memory, and at what speed."""
+    c, bandwidth = plan.cost, plan.mesh_axes.host_bandwidth
+    head = f"host offload: {_bytes_text(c.host_bytes)} copied per device per step (both ways)"
+    if bandwidth:
+        return (
+            f"{head}, {c.host_s * 1e3:.4f} ms on its {bandwidth / 1e9:g} GB/s host link "
+            f"(copy engines beside compute in the overlapped step)"
+        )
+    if plan.platform == "cpu":
+        return f"{head}: XLA:CPU has one memory, the copies are no copies (not priced)"
+    return (
+        f"{head}: not priced, {plan.cluster.device.name}'s host link speed is not known "
+        f"(DeviceSpec.host_bandwidth)"
+    )
+
+
 def certificate_line(plan: Plan) -> str:
     """What ``optimal`` means for this plan, in one line (and, when repeated layers were
     searched as one, the space it speaks about)."""
@@ -231,9 +253,11 @@ def plan_report(plan: Plan) -> str:
         f"{'total':<{w}}  {'':<{cw}}  {'':<{sw}}  {c.compute_s * 1e3:9.4f} "
         f"{c.reshard_s * 1e3:9.4f} {c.sync_s * 1e3:9.4f} {c.comm_bytes / 1e6:9.4f}",
         f"step {c.step_s * 1e3:.4f} ms = compute {c.compute_s * 1e3:.4f} + comm "
-        f"{c.comm_s * 1e3:.4f}; {c.comm_bytes / 1e6:.4f} MB sent per device; "
+        f"{c.comm_s * 1e3:.4f}{host_term(c)}; {c.comm_bytes / 1e6:.4f} MB sent per device; "
         f"{n} collective{'s' if n != 1 else ''}",
     ]
+    if c.host_bytes:
+        lines.append(host_line(plan))
     if ars > c.combined_all_reduces:
         lines.append(
             f"combined: {ars} all-reduces run as {c.combined_all_reduces} (XLA's combiner): "

@@ -381,6 +381,13 @@ def device_put_rule(eqn: Equation, program: Program) -> OpSpace:
     return dataclasses.replace(elementwise_rule(eqn, program), flops=0.0)
 
 
+@register_rule("optimization_barrier")  # overrides `elementwise_rule`: it computes nothing
+def barrier_rule(eqn: Equation, program: Program) -> OpSpace:
+    """A remat's barrier only orders the program (XLA passes its operand's buffer on, as
+    `fusion.ALIASES` says): elementwise, no FLOPs."""
+    return dataclasses.replace(elementwise_rule(eqn, program), flops=0.0)
+
+
 @register_rule("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
 def cumulative_rule(eqn: Equation, program: Program) -> OpSpace:
     sp = elementwise_rule(eqn, program)

@@ -14,8 +14,9 @@ Pure: no jax import.
 from __future__ import annotations
 
 from .collectives import ALL_REDUCE
+from .cost import host_moves
 from .graph import SCAN_SLICE, SCAN_STACK
-from .overlap import COMM, COMPUTE, Timeline, list_schedule
+from .overlap import COMM, COMPUTE, FROM_HOST, TO_HOST, Timeline, list_schedule
 
 # Nodes that only change a tensor's shape, order or type: XLA's collective pipeliner moves an
 # all-reduce across iterations through them (`pipelining`)
@@ -24,10 +25,16 @@ FORMATTING = frozenset(
 )
 
 
-def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -> Timeline:
-    """The step on a compute and a communication stream (`overlap`): nodes list-scheduled in
-    program order (`overlap.list_schedule`), each after the reshards it reads through; deferred
-    reads (the state into the next step's layout, a scan's carry) at the end.
+def schedule_step(ctx, t_c, t_h, colls, own_of, riding, paths, gathered, top: bool) -> Timeline:
+    """The step on a compute and a communication stream and two copy engines (`overlap`): nodes
+    list-scheduled in program order (`overlap.list_schedule`), each after the reshards it reads
+    through; deferred reads (the state into the next step's layout, a scan's carry) at the end.
+
+    A node's moves between device and host memory (``t_h``) run on the copy engine of their
+    direction: a move to the host once its operand is ready, its results ready when the copy
+    ends; a move back issued ahead of its use by as much compute as the copy takes
+    (`_prefetch_after`), as XLA's latency-hiding scheduler starts an asynchronous copy early
+    enough to hide it, and no earlier (the copy's buffer is live from its start).
 
     In a pipelined loop (``ctx.pipelined``, `pipelining`) a loop body's node reads its
     gathered slices without waiting (they were gathered during the previous iteration), and
@@ -48,6 +55,8 @@ def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -
     uses, nodes = ctx.tables.uses, ctx.ng.nodes
     line = Timeline()
     order, into, deferred, srcs, producers = _stream_order(ctx)
+    moves = _host_nodes(ctx)  # node -> whether it moves to the host (else from it)
+    prefetch = _prefetch_after(ctx.ng, order, t_c, t_h, moves)
     behind, ahead = pipelining(ctx)
     late: dict[int, int] = {}  # node -> its all-reduce run an iteration behind (its last)
     started: dict[int, int] = {}  # pipelined loop -> a marker task where its compute starts
@@ -83,6 +92,10 @@ def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -
         if late:  # outside the loop, a stack waits for its all-reduces run an iteration behind
             loop = nodes[v].region
             tasks += [late.get(srcs[u]) for u in into.get(v, ()) if nodes[srcs[u]].region != loop]
+        if moves.get(v) is False:  # a move back from the host: prefetched
+            if v in prefetch:
+                tasks.append(line.computed[prefetch[v]])
+            tasks = [line.add(FROM_HOST, t_h[v], tasks)]
         return tasks
 
     def behind_task(loop: int, seconds: float, deps: list, runs: int) -> int:
@@ -120,7 +133,12 @@ def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -
                     at_end.setdefault(loop, []).append((v, seconds))  # the copies' in one
                 else:
                     after.append(seconds)
-        line.node(v, t_c[v], reads, before, after)
+        if moves.get(v):  # a move to the host: after its operand, on the to-host copy engine
+            reads = [line.add(TO_HOST, t_h[v], reads)]
+        if v in moves and not (t_c[v] or before or after):  # a copy and nothing else
+            ready[v] = reads[0]
+        else:
+            line.node(v, t_c[v], reads, before, after)
         for seconds, runs in later:
             _latest(line, late, v, behind_task(loop, seconds, [ready[v]], runs))
         if late:  # formatting and stacking results reduced an iteration behind
@@ -179,13 +197,50 @@ def schedule_step(ctx, t_c, colls, own_of, riding, paths, gathered, top: bool) -
     # scan run in line -> what waits for its end: (combined group, None) or (node, seconds)
     at_end: dict[int, list[tuple[int, float | None]]] = {}
     list_schedule(
-        line, order, lambda v: producers.get(v, ()), lambda v: nodes[v].region, issue, scheduled
+        line,
+        order,
+        lambda v: (*producers.get(v, ()), prefetch[v]) if v in prefetch else producers.get(v, ()),
+        lambda v: nodes[v].region,
+        issue,
+        scheduled,
     )
     for loop in list(at_end):
         ended(loop)
     for u in deferred:
         read(u)
     return line
+
+
+def _host_nodes(ctx) -> dict[int, bool]:
+    """Node -> whether its move between device and host memory goes to the host, for the nodes
+    that make one (`cost.host_moves`; kept in ``ctx.memo``)."""
+    if "host nodes" not in ctx.memo:
+        ng = ctx.ng
+        ctx.memo["host nodes"] = {
+            v: moves[0][1] for v, node in enumerate(ng.nodes) if (moves := host_moves(ng, node))
+        }
+    return ctx.memo["host nodes"]
+
+
+def _prefetch_after(ng, order, t_c, t_h, moves: dict[int, bool]) -> dict[int, int]:
+    """Per move back from the host, the node whose compute it is issued after: walking back in
+    program order from the move over the nodes of its loop body (or of the top level), the
+    last one before compute of at least the copy's time t_H; the node before the body where
+    the body has less (a copy cannot start in an earlier iteration). Absent: no such node
+    (issued once its operand is on the host)."""
+    out = {}
+    for k, v in enumerate(order):
+        if moves.get(v) is not False:
+            continue
+        region, covered = ng.nodes[v].region, 0.0
+        for w in reversed(order[:k]):
+            if ng.nodes[w].region != region or (covered >= t_h[v] and t_c[w]):
+                if w in moves and not t_c[w]:
+                    continue  # a copy alone runs no compute to be issued after
+                out[v] = w
+                break
+            covered += t_c[w]
+    return out
 
 
 def _in_line_copies(program, region: int) -> int:

@@ -35,6 +35,7 @@ from .configs import Config, Spec, node_configs, spec_of
 from .cost import (
     CostParams,
     compute_times,
+    host_move_seconds,
     is_grad_sync,
     may_communicate,
     node_collectives,
@@ -344,6 +345,9 @@ class CostTables:
 
     configs: tuple[list[Config], ...]  # per node
     compute: tuple[np.ndarray, ...]  # per node, t_C of each configuration (all its iterations)
+    # per node, t_H of each configuration (all its iterations: `cost.host_move_seconds`), or
+    # None for the nodes that move nothing between device and host memory (most)
+    host: tuple[np.ndarray | None, ...]
     uses: tuple[EdgeUse, ...]
     problem: Problem  # the reported cost, or an upper bound of it where tables fell back
     # the shared tensors priced by the upper/lower pair: their reads (none: ``exact``)
@@ -393,12 +397,15 @@ Tick = Callable[[str], None]  # progress inside long loops
 
 def node_tables(
     ng: NodeGraph, node: Node, cfgs: Sequence[Config], params: CostParams, memo: dict | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(t_C, unary price) of every configuration over one step: a loop body's node runs
-    ``program.trips(node.region)`` times (``memo``: see `cost.node_work`, `cost.own_comm_costs`)."""
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """(t_C, t_H or None, unary price) of every configuration over one step: a loop body's
+    node runs ``program.trips(node.region)`` times (``memo``: see `cost.node_work`,
+    `cost.own_comm_costs`)."""
     trips = ng.program.trips(node.region)
     once = compute_times(ng, node, cfgs, params, memo)
-    return once * trips, unary_costs(ng, node, cfgs, params, once, memo) * trips
+    host = host_move_seconds(ng, node, cfgs, params)
+    unary = unary_costs(ng, node, cfgs, params, once, memo, host) * trips
+    return once * trips, None if host is None else host * trips, unary
 
 
 def build_tables(
@@ -412,7 +419,7 @@ def build_tables(
     tables of every read, summed into both problems."""
     tick = tick or (lambda _detail: None)
     sizes, comm = params.mesh.sizes, params.objective == "comm"
-    configs, compute, unary = [], [], []
+    configs, compute, host, unary = [], [], [], []
     memo: dict = {}  # nodes alike share their collectives' prices
     for node in ng.nodes:
         cfgs = (
@@ -421,8 +428,9 @@ def build_tables(
             else node_configs(ng, node, sizes, comm, params.mesh.names)
         )
         configs.append(cfgs)
-        node_compute, node_unary = node_tables(ng, node, cfgs, params, memo)
+        node_compute, node_host, node_unary = node_tables(ng, node, cfgs, params, memo)
         compute.append(node_compute)
+        host.append(node_host)
         unary.append(node_unary)
         tick(f"compute/sync tables of {len(unary)}/{len(ng.nodes)} nodes")
     uses = edge_uses(ng, feedback)
@@ -448,7 +456,7 @@ def build_tables(
             for use in reads:
                 add_read(problem, reshards, use)
     return CostTables(
-        tuple(configs), tuple(compute), tuple(uses), problem,
+        tuple(configs), tuple(compute), tuple(host), tuple(uses), problem,
         tuple(tuple(reads) for reads in fallback), reshards, exact,
     )  # fmt: skip
 

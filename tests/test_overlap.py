@@ -313,3 +313,117 @@ def test_combined_sync_problem_charges_gradient_all_reduces_their_combined_laten
     pairs = enumerate(zip(eq1.unary, combined.unary, strict=True))
     grad_nodes = {v for v, (u, w) in pairs if (w < u).any()}
     assert grad_nodes and all(ctx.ng.nodes[v].phase == "backward" for v in grad_nodes)
+
+
+def _offloading_step(layers: int = 4, width: int = 512, batch: int = 256):
+    """A tanh MLP whose hidden activations a remat policy offloads to pinned host memory and
+    brings back for the backward pass, with SGD; abstract arguments."""
+    import jax
+    import jax.numpy as jnp
+    from jax.ad_checkpoint import checkpoint_name
+
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=["hidden"],
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+
+    def block(w, x):
+        return checkpoint_name(jnp.tanh(x @ w), "hidden") @ w
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.checkpoint(block, policy=policy)(w, x)
+        return jnp.mean(x**2)
+
+    def step(ws, x):
+        grads = jax.grad(loss)(ws, x)
+        return [w - 0.1 * g for w, g in zip(ws, grads, strict=True)]
+
+    ws = [jax.ShapeDtypeStruct((width, width), jnp.float32)] * layers
+    return step, (ws, jax.ShapeDtypeStruct((batch, width), jnp.float32))
+
+
+def _with_host_link(cluster: str, bandwidth: float):
+    import dataclasses
+
+    c = jaxpar.Cluster.preset(cluster, devices=8)
+    return dataclasses.replace(c, device=dataclasses.replace(c.device, host_bandwidth=bandwidth))
+
+
+@pytest.mark.closed_form
+def test_host_copies_are_priced_on_the_host_link_and_hide_behind_compute():
+    """Each move between device and host memory copies the device's shard over its host link:
+    t_H = Σ shard bytes / host bandwidth, in Eq. 1 (`cost.host_move_seconds`). In the
+    overlapped step the copies run on a copy engine per direction: on the H100's 64 GB/s link
+    they hide behind compute (the step equals the one whose link is free); on a link 10,000
+    times slower the copies set the step, at least each direction's total."""
+    step, args = _offloading_step()
+    plans = {}
+    for name, bandwidth in (("h100", 64e9), ("free", 0.0), ("slow", 6.4e6)):
+        cluster = _with_host_link("dgx-h100", bandwidth)
+        plans[name] = jaxpar.plan(
+            step, *args, mesh={"data": 8}, cluster=cluster, strategy="data", memory_budget=None
+        )
+    plan = plans["h100"]
+    moves = [e for e in plan.program.eqns if e.primitive == "device_put"]
+    to_host = [e for e in moves if plan.program.tensors[e.outputs[0]].host]
+    assert len(to_host) == 4 and len(moves) == 8  # one offload and one return per layer
+    shard = sum(plan.program.tensors[e.outputs[0]].nbytes for e in moves) / 8
+    assert shard == 8 * 256 * 512 * 4 / 8  # the batch split: each device copies its rows
+    for name, bandwidth in (("h100", 64e9), ("slow", 6.4e6)):
+        c = plans[name].cost
+        assert c.host_bytes == pytest.approx(shard)
+        assert c.host_s == pytest.approx(shard / bandwidth)
+        assert c.step_s == pytest.approx(c.compute_s + c.comm_s + c.host_s)
+        assert c.compute_s <= c.overlapped_step_s <= c.step_s * (1 + 1e-12)
+    free = plans["free"].cost
+    assert free.host_s == 0 and free.host_bytes == pytest.approx(shard)
+    assert plan.cost.overlapped_step_s == pytest.approx(free.overlapped_step_s, rel=1e-9)
+    slow = plans["slow"].cost
+    assert slow.overlapped_step_s >= slow.host_s / 2
+    assert slow.overlapped_step_s > 10 * free.overlapped_step_s
+
+
+@pytest.mark.closed_form
+def test_a_move_back_from_the_host_is_issued_ahead_by_its_own_time():
+    """`_prefetch_after`: a move back is issued after the last node before compute of at least
+    its copy time, walking back over its own loop body; the nodes of another region stop it."""
+    from types import SimpleNamespace
+
+    from jaxpar.step_timeline import _prefetch_after
+
+    regions = [-1, -1, -1, -1, -1, 0, 0, 0]
+    ng = SimpleNamespace(nodes=[SimpleNamespace(region=r) for r in regions])
+    order = list(range(8))
+    t_c = [1.0, 2.0, 3.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    t_h = [0.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 5.0]
+    moves = {3: True, 4: False, 7: False}
+    # node 4 needs 4 s: nodes 2 (3 s) and 1 (2 s) cover it; issued after node 0 (node 3, a
+    # copy alone, runs no compute); node 7 needs 5 s, its body has 2: after node 4's region,
+    # whose last computing node is 2
+    assert _prefetch_after(ng, order, t_c, t_h, moves) == {4: 0, 7: 2}
+
+
+@pytest.mark.closed_form
+def test_report_says_what_is_offloaded_and_how_it_is_priced():
+    """The report's host line: the bytes each device copies, the link priced (H100), the
+    unknown link not priced (TPU v5p), no copies on XLA:CPU's one memory."""
+    step, args = _offloading_step()
+    h100 = jaxpar.plan(step, *args, mesh={"data": 8}, cluster="dgx-h100", memory_budget=None)
+    text = h100.report()
+    kb = h100.cost.host_bytes / 1e3
+    assert f"host offload: {kb:.2f} KB copied per device per step (both ways)" in text
+    assert "on its 64 GB/s host link" in text and "+ host copies" in text
+    tpu = jaxpar.plan(step, *args, mesh={"data": 8}, cluster="tpu-v5p", memory_budget=None)
+    assert "not priced, " in tpu.report() and tpu.cost.host_s == 0
+    cpu = jaxpar.plan(step, *args, mesh=jaxpar.make_mesh({"data": 8}), memory_budget=None)
+    assert "XLA:CPU has one memory" in cpu.report() and cpu.cost.host_s == 0
+    assert "host link" in jaxpar.Cluster.preset("dgx-h100").describe()
+
+
+@pytest.mark.closed_form
+def test_device_spec_rejects_a_negative_host_link():
+    with pytest.raises(ValueError, match="host_bandwidth must be >= 0"):
+        jaxpar.DeviceSpec("x", {"float32": 1e12}, 1e12, 1e9, host_bandwidth=-1.0)

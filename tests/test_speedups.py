@@ -130,7 +130,7 @@ def test_shared_collective_prices_equal_each_nodes_own(objective):
         for node, cfgs, unary in zip(
             plan.ng.nodes, plan.tables.configs, plan.tables.problem.unary, strict=True
         ):
-            own = node_tables(plan.ng, node, cfgs, plan.params)[1]
+            own = node_tables(plan.ng, node, cfgs, plan.params)[2]
             assert np.array_equal(own, unary), (name, node.index)
             shared += node.anchor >= 0 and not node.space.halo
         assert shared > 50

@@ -148,6 +148,7 @@ class Cluster:
             peak_flops=peak,
             mem_bandwidth=calibration.memory_bandwidth,
             memory_bytes=calibration.memory_bytes or base.device.memory_bytes,
+            host_bandwidth=base.device.host_bandwidth,
             source=f"{calibration.source}; dtypes not measured: {base.device.source}",
         )
         axes = ", ".join(f"{a.name}={a.size} ({a.link})" for a in calibration.axes) or "none"
@@ -510,10 +511,12 @@ def _flops_text(flops: float) -> str:
 
 
 def _spec_lines(spec: DeviceSpec) -> list[str]:
-    """describe() rows of one device spec: peak rates, memory bandwidth, memory."""
+    """describe() rows of one device spec: peak rates, memory bandwidth, memory, host link."""
     lines = [f"    {'peak ' + k:<20} {_flops_text(v):>16}" for k, v in spec.peak_flops]
     lines.append(f"    {'memory bandwidth':<20} {f'{spec.mem_bandwidth / GB:.1f} GB/s':>16}")
     lines.append(f"    {'memory':<20} {f'{spec.memory_bytes / GB:.1f} GB':>16}")
+    if spec.host_bandwidth:
+        lines.append(f"    {'host link':<20} {f'{spec.host_bandwidth / GB:.1f} GB/s':>16}")
     return lines
 
 

@@ -99,6 +99,7 @@ _P100 = NodePreset(
         },
         mem_bandwidth=732 * GB,  # datasheet: CoWoS HBM2 at 732 GB/s
         memory_bytes=16 * GB,  # datasheet "16 GB" (decimal: a little under the usable size)
+        host_bandwidth=16 * GB,  # PCIe 3.0 x16 to the host: ~16 GB/s per direction
         **_GPU_KERNEL,
         source="NVIDIA Tesla P100 (SXM2) datasheet",
     ),
@@ -145,6 +146,7 @@ _DGX_H100 = NodePreset(
         },
         mem_bandwidth=3.35e12,  # datasheet: HBM3 at 3.35 TB/s
         memory_bytes=80 * GB,  # datasheet: 80 GB
+        host_bandwidth=64 * GB,  # datasheet: PCIe Gen5 128 GB/s (both directions together)
         **_GPU_KERNEL,
         source="NVIDIA H100 datasheet (SXM5; dense tensor-core rates)",
     ),
@@ -215,6 +217,7 @@ _GENERIC_ACCELERATOR = NodePreset(
         },
         mem_bandwidth=1555 * GB,  # A100 PCIe 40GB datasheet
         memory_bytes=40 * GB,  # A100 PCIe 40GB datasheet
+        host_bandwidth=32 * GB,  # A100 datasheet: PCIe Gen4 64 GB/s (both directions)
         **_GPU_KERNEL,
         source="placeholder (A100 PCIe 40GB datasheet) for an unrecognised device kind",
     ),
@@ -316,6 +319,7 @@ _A100_SXM4_80GB = DeviceSpec(
     },
     mem_bandwidth=2039 * GB,  # datasheet: HBM2e at 2,039 GB/s (80GB SXM)
     memory_bytes=80 * GB,  # datasheet: 80 GB
+    host_bandwidth=32 * GB,  # datasheet: PCIe Gen4 64 GB/s (both directions together)
     **_GPU_KERNEL,
     source="NVIDIA A100 datasheet (SXM4 80GB; dense tensor-core rates)",
 )
@@ -424,6 +428,7 @@ _B200 = DeviceSpec(
     },
     mem_bandwidth=8e12,  # 64 TB/s per DGX / 8 = 8 TB/s HBM3e
     memory_bytes=180 * GB,  # 1,440 GB per DGX / 8
+    host_bandwidth=64 * GB,  # PCIe Gen5 x16 to the host: 64 GB/s per direction
     **_GPU_KERNEL,
     source="NVIDIA DGX B200 datasheet / 8 (dense tensor rates = half the sparse ones); "
     "approximate: FP32 and FP64 (HGX B200 figures vary with the power limit)",

@@ -38,6 +38,11 @@ class DeviceSpec:
     # A contraction of f FLOPs runs at peak · f / (f + f_half), f_half = peak · half_rate_time:
     # the FLOPs the device does at peak in this time (`cost.saturated_rate`). 0: the peak.
     half_rate_time: float = 0.0
+    # Bytes/s per direction of the device's link to its host's memory (PCIe, NVLink-C2C): a
+    # move to or from pinned host memory (a remat policy's offloaded residuals) runs on a copy
+    # engine at this rate (`cost.host_move_seconds`). 0: not known, the moves are not priced
+    # (and on XLA:CPU host and device memory are one: the moves are no copies).
+    host_bandwidth: float = 0.0
 
     def __post_init__(self) -> None:
         pairs = self.peak_flops.items() if isinstance(self.peak_flops, Mapping) else self.peak_flops
@@ -49,6 +54,11 @@ class DeviceSpec:
             raise ValueError(f"device {self.name!r}: speeds and memory must be positive")
         if self.kernel_overhead < 0 or self.half_rate_time < 0:
             raise ValueError(f"device {self.name!r}: kernel times must be >= 0")
+        if not self.host_bandwidth >= 0:
+            raise ValueError(
+                f"device {self.name!r}: host_bandwidth must be >= 0 bytes/s (0: not known), "
+                f"got {self.host_bandwidth}"
+            )
 
     def flops(self, dtype: object) -> float:
         """Peak FLOP/s for `dtype` (a name such as "bfloat16", or a numpy-compatible dtype).

@@ -56,6 +56,9 @@ class MeshAxes:
     # bytes/s of the slowest device's memory: prices a reshard's local kernels (slices, layout
     # copies: `reshard.local_priced`); 0: they are free
     mem_bandwidth: float = 0.0
+    # bytes/s per direction of the slowest device's link to host memory: prices moves to and
+    # from pinned host memory (`cost.host_move_seconds`); 0: not known, they are not priced
+    host_bandwidth: float = 0.0
 
     @property
     def num_devices(self) -> int:
@@ -130,6 +133,9 @@ def mesh_axes(
     merged = _merged_group_bandwidths(cluster, sizes, positions)
     overhead, half_rate = kernel_costs(cluster, positions)
     _, mem_bandwidth = slowest_device(cluster, sizes, device_ids)
+    groups = cluster.all_groups()
+    present = np.unique(cluster.group_ids()[positions.reshape(-1)]).tolist()
+    host_bandwidth = min(groups[g].device.host_bandwidth for g in present)
     return MeshAxes(
         names=names,
         sizes=sizes,
@@ -143,6 +149,7 @@ def mesh_axes(
         kernel_overhead=overhead,
         half_rate_time=half_rate,
         mem_bandwidth=mem_bandwidth,
+        host_bandwidth=host_bandwidth,
     )
 
 
