@@ -245,8 +245,8 @@ class AutoSharded:
         from .distributed import check_plan  # mesh over several processes: all planned the same
 
         check_plan(plan, args)  # else raises MultiHostMismatch (a no-op on one process)
-        in_sh = [plan.named(s) for s in plan.invar_specs]
-        out_sh = [plan.named(s) for s in plan.outvar_specs]
+        in_sh = plan.flat_shardings(plan.program.invars, plan.invar_specs)
+        out_sh = plan.flat_shardings(plan.program.outvars, plan.outvar_specs)
         flat_donate = self._flat_donate(args)
         jitted = jax.jit(
             lambda *flat: run_program(plan, list(flat)),

@@ -6,7 +6,7 @@ Reports (tables, comparison, JSON) are in `report`; `Plan`'s report methods call
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jax import tree_util
@@ -28,6 +28,9 @@ from .nodes import NodeGraph
 from .options import PlannerOptions
 from .search import Problem
 from .tables import CostTables, EdgeUse
+
+# what a tensor the step holds in host memory is given as (JAX's host memory space)
+HOST_MEMORY_KIND = "pinned_host"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,23 +142,30 @@ class Plan:
             entries.pop()
         return PartitionSpec(*entries)
 
-    def named(self, spec: Spec) -> NamedSharding:
-        return NamedSharding(self.mesh, self.partition_spec(spec))
+    def named(self, spec: Spec, memory_kind: str | None = None) -> NamedSharding:
+        return NamedSharding(self.mesh, self.partition_spec(spec), memory_kind=memory_kind)
+
+    def flat_shardings(self, tids: Sequence[int | None], specs: Sequence[Spec]) -> list:
+        """NamedShardings of flat arguments or results: each tensor's layout, in the host's
+        pinned memory where the step holds it there (an offloaded optimizer state)."""
+        tensors = self.program.tensors
+        return [
+            self.named(spec, HOST_MEMORY_KIND if t is not None and tensors[t].host else None)
+            for t, spec in zip(tids, specs, strict=True)
+        ]
 
     @property
     def in_shardings(self) -> Any:
         """Pytree (like the arguments) of NamedSharding; None at static leaves."""
-        return tree_util.tree_map(
-            lambda spec: NamedSharding(self.mesh, spec),
-            self.partition_specs(),
-            is_leaf=lambda x: isinstance(x, PartitionSpec),
-        )
+        it = iter(self.flat_shardings(self.program.invars, self.invar_specs))
+        leaves = [next(it) if arr else None for arr in self.arg_layout.arg_is_array]
+        return tree_util.tree_unflatten(self.arg_layout.arg_treedef, leaves)
 
     @property
     def out_shardings(self) -> Any:
         """Pytree (like the results) of NamedSharding."""
         return tree_util.tree_unflatten(
-            self.arg_layout.out_tree, [self.named(s) for s in self.outvar_specs]
+            self.arg_layout.out_tree, self.flat_shardings(self.program.outvars, self.outvar_specs)
         )
 
     def variant(self, strategy: str) -> Plan:

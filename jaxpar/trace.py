@@ -74,7 +74,8 @@ class Signature:
     """What a traced program depends on: tree structure, array shapes/dtypes, static leaves."""
 
     treedef: Any
-    arrays: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) per array leaf
+    # (shape, dtype, host memory kind or None: `host_memory_kind`) per array leaf
+    arrays: tuple[tuple[tuple[int, ...], str, str | None], ...]
     static: tuple[tuple[int, Any], ...]  # (leaf index, value) of the static leaves
 
     @classmethod
@@ -83,7 +84,7 @@ class Signature:
         arrays, static = [], []
         for i, leaf in enumerate(leaves):
             if is_array_leaf(leaf):
-                arrays.append((tuple(leaf.shape), str(leaf.dtype)))
+                arrays.append((tuple(leaf.shape), str(leaf.dtype), host_memory_kind(leaf)))
             else:
                 try:
                     hash(leaf)
@@ -94,6 +95,13 @@ class Signature:
                     ) from err
                 static.append((i, leaf))
         return cls(treedef, tuple(arrays), tuple(static))
+
+
+def host_memory_kind(leaf: Any) -> str | None:
+    """The host memory kind an array argument is held in (``"pinned_host"``, an offloaded
+    optimizer state), or None for device memory."""
+    kind = getattr(getattr(leaf, "sharding", None), "memory_kind", None)
+    return kind if kind in _HOST_KINDS else None
 
 
 def split_args(args: tuple) -> tuple[list[Any], list[str], Any]:
@@ -457,7 +465,11 @@ def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
         out_tree_box.append(tree)
         return leaves
 
-    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+    # an argument in host memory keeps its sharding: its aval is in the host's memory space
+    abstract = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding if host_memory_kind(a) else None)
+        for a in arrays
+    ]
     try:
         closed = jax.make_jaxpr(flat_fn)(*abstract)
     except Exception as err:

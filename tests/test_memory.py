@@ -695,3 +695,59 @@ def test_a_shard_map_body_s_own_buffers():
     a = jax.ShapeDtypeStruct((n, 16), jnp.float32)
     assert body_workspace(jax.make_jaxpr(one_stored)(a).jaxpr) == n * n * 4
     assert body_workspace(jax.make_jaxpr(two_live)(a).jaxpr) == 2 * n * n * 4
+
+
+def _momentum_step(w, m, x):
+    """SGD with momentum whose momentum lives in pinned host memory between steps (an
+    offloaded optimizer state): brought to the device, updated, sent back."""
+    md = jax.device_put(m, jax.memory.Space.Device)
+    g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+    md = 0.9 * md + g
+    return w - 0.1 * md, jax.device_put(md, jax.memory.Space.Host)
+
+
+@pytest.mark.numerics
+def test_an_argument_and_a_result_in_host_memory_stay_there():
+    """An optimizer state held in pinned host memory between steps keeps its memory: the
+    planned step takes it there and returns it there, as ``jax.jit`` does (it was moved to the
+    device, and returned there), equal to the unsharded step in float64, its two copies priced
+    (each device copies its shard). Planned for GPUs, it holds no device memory."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jaxpar.make_mesh(MESHES["2x4"])
+    host = NamedSharding(mesh, P(), memory_kind="pinned_host")
+    with jax.enable_x64(True):
+        rs = np.random.RandomState(0)
+        w, x = jnp.asarray(rs.randn(64, 64)), jnp.asarray(rs.randn(32, 64))
+        m = jax.device_put(jnp.asarray(rs.randn(64, 64)), host)
+        want = jax.jit(_momentum_step)(w, m, x)
+        step = jaxpar.auto_shard(_momentum_step, mesh=mesh)
+        got = step(w, m, x)
+        assert [a.sharding.memory_kind for a in got] == [a.sharding.memory_kind for a in want]
+        assert got[1].sharding.memory_kind == "pinned_host"
+        assert_equivalent(got, want, rtol=1e-12)
+        again = step(got[0], got[1], x)  # the returned state is the next call's argument
+        assert again[1].sharding.memory_kind == "pinned_host" and len(step._cache) == 1
+        plan = step.plan
+        moves = [e for e in plan.program.eqns if e.primitive == "device_put"]
+        assert len(moves) == 2
+        state = plan.program.invars[1]
+        assert plan.program.tensors[state].host
+        shards = math.prod(plan.mesh_axes.sizes[a] for axes in plan.invar_specs[1] for a in axes)
+        assert plan.cost.host_bytes == pytest.approx(2 * 64 * 64 * 8 / shards)
+        on_device = step(w, jnp.asarray(rs.randn(64, 64)), x)  # another signature: planned anew
+        assert len(step._cache) == 2 and on_device[1].sharding.memory_kind == "pinned_host"
+    kept = {}
+    for kind in ("pinned_host", None):
+        sharding = NamedSharding(mesh, P(), memory_kind=kind)
+        state = jax.ShapeDtypeStruct((4096, 4096), jnp.float32, sharding=sharding)
+        args = (jax.ShapeDtypeStruct((4096, 4096), jnp.float32), state,
+                jax.ShapeDtypeStruct((256, 4096), jnp.float32))  # fmt: skip
+        plan = jaxpar.plan(
+            _momentum_step, *args, mesh={"data": 8}, cluster="dgx-h100", strategy="data"
+        )
+        shards = math.prod(plan.mesh_axes.sizes[a] for axes in plan.invar_specs[1] for a in axes)
+        kept[kind] = (plan.memory.arguments, 4096 * 4096 * 4 / shards)
+    assert kept[None][0] - kept["pinned_host"][0] == pytest.approx(kept[None][1])
+    assert kept[None][1] == kept["pinned_host"][1]
