@@ -13,7 +13,9 @@ inlined as a scan of that count over its carry; any other ``while`` stays one eq
 as one replicated node (see `rules.py`).
 
 ``checkpoint_name`` (the ``name`` primitive) is dropped: JAX has applied the remat policy that
-reads it by the time the step is a jaxpr, and XLA never sees it.
+reads it by the time the step is a jaxpr, and XLA never sees it. So is a ``reduce_precision``
+that keeps every bit of its type (what ``save_only_these_names`` puts on each saved name; XLA's
+simplifier removes it).
 
 Non-array leaves of the arguments (Python scalars, strings, None) are static: they are part of the
 signature and are closed over, exactly as `jax.jit(static_argnums=...)` would treat them.
@@ -26,6 +28,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 from jax.extend import core as jex_core
@@ -165,6 +168,11 @@ class _Flattener:
             if name == "name" and not isinstance(eqn.invars[0], jex_core.Literal):
                 # `checkpoint_name`: an identity once JAX has applied the remat policy, and
                 # nothing in the compiled program
+                env[eqn.outvars[0]] = env[eqn.invars[0]]
+                continue
+            if name == "reduce_precision" and _keeps_precision(eqn):
+                # what `save_only_these_names` puts on each name it saves: the identity, which
+                # XLA's simplifier removes (no buffer, no kernel)
                 env[eqn.outvars[0]] = env[eqn.invars[0]]
                 continue
             if name == "while" and (trips := counted_trips(eqn, self.constant(env))) is not None:
@@ -426,6 +434,17 @@ class _Flattener:
 
 
 _HOST_KINDS = ("pinned_host", "unpinned_host")
+
+
+def _keeps_precision(eqn: Any) -> bool:
+    """Whether a ``reduce_precision`` keeps every exponent and mantissa bit of its operand's
+    float type (a non-literal operand): the identity."""
+    atom = eqn.invars[0]
+    if isinstance(atom, jex_core.Literal):
+        return False
+    info = jnp.finfo(atom.aval.dtype)
+    p = eqn.params
+    return p["exponent_bits"] >= info.nexp and p["mantissa_bits"] >= info.nmant
 
 
 def _memory_move(dst: Any, on_host: bool) -> Any:

@@ -616,11 +616,30 @@ def test_checkpoint_names_are_identities(mesh, caplog):
         sharded = jaxpar.auto_shard(step, mesh=mesh, strategy="data")
         out = sharded(w, x)
     assert not [r for r in caplog.records if "'name'" in r.getMessage()]
-    assert "name" not in {e.primitive for e in sharded.plan.program.eqns}
+    primitives = {e.primitive for e in sharded.plan.program.eqns}
+    # nor the full-precision reduce_precision the policy puts on the saved name (XLA removes it)
+    assert "name" not in primitives and "reduce_precision" not in primitives
     for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(jax.jit(step)(w, x)), strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     hlo = sharded.lower(w, x).compile().as_text()
     assert "all-gather" not in hlo and "all-reduce" in hlo  # gradients reduced, nothing gathered
+
+
+@pytest.mark.closed_form
+def test_reduce_precision_that_drops_bits_stays():
+    """Only a `reduce_precision` that keeps every bit of its type is the identity: one to
+    bfloat16's bits on a float32 value rounds it, and stays in the program."""
+    from jaxpar.trace import trace
+
+    def step(x):
+        full = jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=23)
+        return jax.lax.reduce_precision(full * 3.0, exponent_bits=8, mantissa_bits=7)
+
+    program, _ = trace(step, (jnp.ones((4, 4), jnp.float32),))
+    kept = [e for e in program.eqns if e.primitive == "reduce_precision"]
+    assert len(kept) == 1 and kept[0].params["mantissa_bits"] == 7
+    mul = next(e for e in program.eqns if e.primitive == "mul")
+    assert mul.inputs[0] == program.invars[0]  # the identity's result is its operand
 
 
 class _DropoutMLP:
