@@ -228,7 +228,9 @@ def _prefetch_after(ng, order, t_c, t_h, moves: dict[int, bool]) -> dict[int, in
     last one before compute of at least the copy's time t_H; the node before the body where
     the body has less (a copy cannot start in an earlier iteration). Absent: no such node
     (issued once its operand is on the host)."""
-    out = {}
+    out: dict[int, int] = {}
+    if False not in moves.values():  # no move back (most steps)
+        return out
     for k, v in enumerate(order):
         if moves.get(v) is not False:
             continue
