@@ -83,6 +83,9 @@ CALL_BODIES = {
     "checkpoint": "jaxpr",
     "remat": "jaxpr",
     "remat2": "jaxpr",
+    # `jax.lax.composite`: a named op with its decomposition, which XLA inlines (no backend
+    # here implements one itself)
+    "composite": "jaxpr",
     "custom_lin": None,  # only appears under linearize, never in a traced step
 }
 

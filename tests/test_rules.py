@@ -625,6 +625,32 @@ def test_checkpoint_names_are_identities(mesh, caplog):
     assert "all-gather" not in hlo and "all-reduce" in hlo  # gradients reduced, nothing gathered
 
 
+@pytest.mark.numerics
+def test_a_composite_is_planned_as_its_decomposition(mesh, caplog):
+    """`jax.lax.composite` (a named op with its decomposition; a metric here, as it has no
+    JVP) is inlined, as XLA inlines it: no warning, its equations planned, equal results."""
+    from functools import partial
+
+    @partial(jax.lax.composite, name="jaxpar.test.tanh_gelu")
+    def gelu(x):
+        return 0.5 * x * (1 + jnp.tanh(0.79788456 * (x + 0.044715 * x**3)))
+
+    def step(w, x):
+        g = jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+        return w - 0.1 * g, jnp.mean(gelu(x @ w))
+
+    rs = np.random.RandomState(0)
+    w, x = jnp.asarray(rs.randn(32, 64) / 8), jnp.asarray(rs.randn(64, 32))
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        sharded = jaxpar.auto_shard(step, mesh=mesh, strategy="data")
+        out = sharded(w, x)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    primitives = [e.primitive for e in sharded.plan.program.eqns]
+    assert "composite" not in primitives and "tanh" in primitives
+    for got, want in zip(out, jax.jit(step)(w, x), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.closed_form
 def test_reduce_precision_that_drops_bits_stays():
     """Only a `reduce_precision` that keeps every bit of its type is the identity: one to
