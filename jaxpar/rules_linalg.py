@@ -36,7 +36,10 @@ def _core_flops(eqn: Equation, program: Program) -> float:
     - QR (Householder): 2Mk^2 - 2k^3 / 3 for R (``geqrf``) or for forming Q
       (``householder_product``); both (``qr``): 4Mk^2 - 4k^3 / 3;
     - symmetric eigendecomposition: 9 n^3; general (``eig``): 10 n^3 for the eigenvalues,
-      25 n^3 with eigenvectors;
+      25 n^3 with eigenvectors; a symmetric matrix to tridiagonal form (``tridiagonal``,
+      Householder): 4 n^3 / 3;
+    - ``symmetric_product`` (alpha a a^T + beta c, a: n x k): 2 n^2 k + 3 n^2, the product
+      and the scaled sum JAX lowers it to;
     - SVD: 4Mk^2 - 4k^3 / 3 for the singular values (bidiagonalization),
       4M^2 k + 8Mk^2 + 9k^3 with U and V (R-SVD);
     - tridiagonal solve: 8 m per right-hand side (Thomas' algorithm).
@@ -59,6 +62,10 @@ def _core_flops(eqn: Equation, program: Program) -> float:
         return n**3 / 3.0
     if prim == "eigh":
         return 9.0 * n**3
+    if prim == "tridiagonal":
+        return 4.0 * n**3 / 3.0
+    if prim == "symmetric_product":  # a [.., n, k]
+        return 2.0 * m**2 * n + 3.0 * m**2
     if prim == "lu":
         return 2.0 * m * n * k - (m + n) * k**2 + 2.0 * k**3 / 3.0
     if prim in ("geqrf", "householder_product"):
@@ -77,13 +84,15 @@ def _core_flops(eqn: Equation, program: Program) -> float:
 
 @register_rule(
     "fft", "cholesky", "triangular_solve", "eigh", "eig", "lu", "lu_pivots_to_permutation",
-    "qr", "geqrf", "householder_product", "svd", "tridiagonal_solve",
+    "qr", "geqrf", "householder_product", "svd", "tridiagonal_solve", "tridiagonal",
+    "symmetric_product",
 )  # fmt: skip
 def batched_core_rule(eqn: Equation, program: Program) -> OpSpace:
     """FFTs over their trailing ``fft_lengths`` dims, a matrix's factorizations (Cholesky, LU,
     QR, SVD, eigendecompositions) and solves over its trailing two, a pivot vector's or a
     tridiagonal system's band over its last: those core dims stay whole (one transform is
-    never split); the leading batch dims, the same in every operand and result (a Shampoo
+    never split), as are a symmetric product's (alpha a a^T + beta c) and a reduction to
+    tridiagonal form's; the leading batch dims, the same in every operand and result (a Shampoo
     preconditioner per layer, an FFT per channel), split like a batch. Operands or results
     that do not share the batch run replicated. ``flops = |batch| · core flops``
     (`_core_flops`)."""

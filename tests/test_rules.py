@@ -128,7 +128,8 @@ def _whitening_step(w, x, stats):
     """A step that reaches for every matrix routine a second-order optimizer or a normalizing
     flow uses, on per-layer stacks of matrices: SVD and QR of the stacked gradients, LU (solve,
     inverse, log-determinant), a general eigendecomposition, and reductions without a
-    collective (bitwise xor, a variadic max-with-sum) of per-layer 4 x 4 blocks, and a
+    collective (bitwise xor, a variadic max-with-sum), a symmetric product and a reduction to
+    tridiagonal form of per-layer 4 x 4 blocks, and a
     histogram's bins (``jnp.searchsorted``: total-order comparisons)."""
     from jax import lax
 
@@ -143,6 +144,8 @@ def _whitening_step(w, x, stats):
     inverse = jnp.linalg.inv(stack)
     _, logdet = jnp.linalg.slogdet(stack)
     eigenvalues = jnp.linalg.eig(stack)[0]  # host-only on GPU; XLA:CPU runs it
+    gram = lax.linalg.symmetric_product(stack, stats, alpha=0.5, beta=2.0)  # Shampoo's G G^T
+    diagonal = lax.linalg.tridiagonal(gram)[1]  # the tridiagonal form's diagonal
     bits = jnp.bitwise_xor.reduce(jnp.round(stack * 64).astype(jnp.int64), axis=-1)
     bins = jnp.searchsorted(jnp.linspace(-1.0, 1.0, 9), jnp.tanh(stack))  # total-order compares
     big, total = lax.reduce(
@@ -150,7 +153,7 @@ def _whitening_step(w, x, stats):
     )
     return w - 0.1 * g, (
         (u * s[:, None, :]) @ vt + q @ r,
-        solved.sum(-1) + inverse.sum(-1) + logdet[:, None] + jnp.abs(eigenvalues),
+        solved.sum(-1) + inverse.sum(-1) + logdet[:, None] + jnp.abs(eigenvalues) + diagonal,
         bits.astype(jnp.float64) + big + total + bins.sum(-1),
     )
 
@@ -177,10 +180,17 @@ def test_matrix_routines_and_reductions_without_a_collective_split_their_batch(m
         plan = sharded.plan
         # Golub & Van Loan's counts for one 4 x 4 block (`rules_linalg._core_flops`), times 4
         # blocks: SVD with U and V 4M²k + 8Mk² + 9k³, QR 4Mk² - 4k³/3, LU 2n³/3, eig with
-        # vectors 25n³
+        # vectors 25n³, tridiagonal form 4n³/3, symmetric product (k = n) 2n³ + 3n²
         n = 4
-        per_block = {"svd": 21 * n**3, "qr": 8 * n**3 / 3, "lu": 2 * n**3 / 3, "eig": 25 * n**3}
-        for prim in ("svd", "qr", "lu", "eig"):
+        per_block = {
+            "svd": 21 * n**3,
+            "qr": 8 * n**3 / 3,
+            "lu": 2 * n**3 / 3,
+            "eig": 25 * n**3,
+            "tridiagonal": 4 * n**3 / 3,
+            "symmetric_product": 2 * n**3 + 3 * n**2,
+        }
+        for prim in per_block:
             spaces = _spaces(sharded, prim)
             assert spaces and all(s.splittable == (True,) for s in spaces), prim
             assert all(s.flops == pytest.approx(4 * per_block[prim]) for s in spaces), prim
