@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from .collectives import (
     ALL_GATHER,
@@ -242,6 +242,27 @@ def memory_point(elements: int, device: Any, sweep: Sweep) -> tuple[float, float
     return nbytes, nbytes / seconds
 
 
+def host_link_point(elements: int, device: Any, sweep: Sweep) -> tuple[float, float]:
+    """(bytes, achieved bytes/s) of copying `elements` float32 from the device to its pinned
+    host memory and back (a remat policy's offload): the slower direction's rate, as the
+    planner prices a move either way at one rate (`DeviceSpec.host_bandwidth`)."""
+    on_device = SingleDeviceSharding(device, memory_kind="device")
+    on_host = SingleDeviceSharding(device, memory_kind="pinned_host")
+    x = jax.device_put(jnp.ones((elements,), jnp.float32), on_device)
+    out, back = (jax.jit(lambda a: a, out_shardings=s) for s in (on_host, on_device))
+    seconds = max(median_seconds(out, (x,), sweep), median_seconds(back, (out(x),), sweep))
+    nbytes = 4.0 * elements
+    return nbytes, nbytes / seconds
+
+
+def host_link(device: Any, sweep: Sweep) -> tuple[tuple[float, float], ...]:
+    """`host_link_point` over the memory sweep's sizes, smallest first; () for a device
+    without pinned host memory."""
+    if "pinned_host" not in {m.kind for m in device.addressable_memories()}:
+        return ()
+    return tuple(host_link_point(e, device, sweep) for e in sweep.memory_elements)
+
+
 def kernel_chain(steps: int) -> Callable[[jax.Array], jax.Array]:
     """A jitted chain of `steps` dependent tiny kernels: x <- x / (1 + ε · sum(x)). Each step
     waits for the previous reduction, so XLA cannot fuse the steps into one kernel."""
@@ -409,6 +430,7 @@ def calibrate(
         conv[dtype] = ThroughputCurve(merged_points(points))
     memory = tuple(memory_point(e, first, sweep) for e in sweep.memory_elements[::-1])
     overhead = kernel_overhead(first, sweep)
+    host = host_link(first, sweep)
     return Calibration(
         platform=first.platform,
         device_kind=first.device_kind,
@@ -423,6 +445,8 @@ def calibrate(
         memory_bytes=_memory_capacity(first),
         axes=_axes(mesh, devices, sweep),
         kernel_overhead=overhead,
+        host_bandwidth=max((rate for _, rate in host), default=None),
+        host_points=host,
     )
 
 
@@ -436,6 +460,13 @@ def summary(calibration: Calibration) -> str:
         + (f", memory {c.memory_bytes / 1e9:.1f} GB" if c.memory_bytes else ""),
         f"  kernel overhead {c.measured_kernel_overhead() * 1e6:.2f} us per kernel"
         + ("" if c.kernel_overhead is not None else " (smallest product; not measured)"),
+        "  host link "
+        + (
+            "not measured"
+            if c.host_bandwidth is None
+            else f"{c.host_bandwidth / 1e9:.1f} GB/s to pinned host memory and back (slower way)"
+            + (": XLA:CPU's moves are no copies, not used" if c.platform == "cpu" else "")
+        ),
     ]
     for label, table in (("matmul", c.matmul), ("conv", c.conv)):
         for dtype, curve in table:

@@ -41,6 +41,7 @@ def synthetic(
     devices: int = 8,
     axes: tuple[AxisCalibration, ...] = (),
     kernel_overhead: float | None = 0.0,
+    host_bandwidth: float | None = None,
 ) -> Calibration:
     """A calibration whose matmul and conv curves run at `rate` at every size."""
     flat = ThroughputCurve(((1e3, rate), (1e15, rate)))
@@ -57,6 +58,10 @@ def synthetic(
         memory_bytes=64e9,
         axes=axes,
         kernel_overhead=kernel_overhead,
+        host_bandwidth=host_bandwidth,
+        host_points=()
+        if host_bandwidth is None
+        else ((1e6, host_bandwidth / 2), (1e8, host_bandwidth)),
     )
 
 
@@ -178,13 +183,32 @@ def test_an_abstract_mesh_gets_whole_nodes_of_the_calibrated_kind():
 
 @pytest.mark.api
 def test_json_round_trip(tmp_path):
-    cal = synthetic(axes=(axis("a", 2, "shared-memory", 1e-5, 1e9),))
+    cal = synthetic(axes=(axis("a", 2, "shared-memory", 1e-5, 1e9),), host_bandwidth=5e10)
     path = tmp_path / "cal.json"
     cal.save(path)
     assert load_calibration(path) == cal
     doc = json.loads(path.read_text())
-    assert doc["format"] == "jaxpar.calibration" and doc["version"] == 3
-    assert doc["kernel_overhead"] == 0.0
+    assert doc["format"] == "jaxpar.calibration" and doc["version"] == 4
+    assert doc["kernel_overhead"] == 0.0 and doc["host"]["bandwidth"] == 5e10
+
+
+@pytest.mark.closed_form
+def test_a_calibrated_gpu_prices_host_copies_at_the_measured_link():
+    """A measured host link replaces the datasheet's (H100: 64 GB/s) on an accelerator; a
+    calibration without one (version 3, or a device without pinned host memory) keeps the
+    datasheet's; on XLA:CPU the moves are the identity, so its measured copy rate is unused."""
+    measured = Cluster.from_calibration(synthetic(platform="gpu", kind=H100, host_bandwidth=5e10))
+    assert measured.device.host_bandwidth == 5e10
+    assert mesh_axes(measured, ("d",), (8,), None).host_bandwidth == 5e10
+    assert Cluster.from_calibration(synthetic(platform="gpu", kind=H100)).device.host_bandwidth == (
+        64e9
+    )
+    cpu = Cluster.from_calibration(synthetic(host_bandwidth=5e9))
+    assert cpu.device.host_bandwidth == 0
+    doc = synthetic(platform="gpu", kind=H100).to_dict()
+    doc["version"] = 3
+    del doc["host"]
+    assert Calibration.from_dict(doc).host_bandwidth is None
 
 
 @pytest.mark.api
@@ -315,6 +339,7 @@ def test_calibrate_measures_every_axis_and_kind(measured):
         assert ax.bandwidth > 0 and ax.step_latency >= 0
     assert [d for d, _ in cal.matmul] == ["float32"] and cal.memory_bandwidth > 0
     assert cal.kernel_overhead is not None and cal.kernel_overhead >= 0
+    assert len(cal.host_points) == 2 and cal.host_bandwidth == max(r for _, r in cal.host_points)
     assert load_calibration(path) == cal
 
 

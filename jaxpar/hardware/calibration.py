@@ -34,8 +34,9 @@ import numpy as np
 from ..collectives import KINDS, ring_steps
 
 FORMAT = "jaxpar.calibration"  # the file's "format" field
-VERSION = 3  # the file's "version" field written; 2 added "kernel_overhead", 3 "contractions"
-READ_VERSIONS = (1, 2, 3)  # versions load accepts (before 3: no contraction table)
+# the file's "version" field written; 2 added "kernel_overhead", 3 "contractions", 4 "host"
+VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)  # versions load accepts (before 3: no contraction table)
 MATMUL = "matmul"  # ThroughputCurve kinds: dot_general ...
 CONV = "conv"  # ... and conv_general_dilated
 
@@ -139,6 +140,12 @@ class Calibration:
     # (call key, seconds) of measured library calls (`contraction_calls.contraction_key`),
     # sorted by key; empty unless `jaxpar.measure_contractions` filled it
     contractions: tuple[tuple[str, float], ...] = ()
+    # bytes/s of the link to pinned host memory: the slower direction's best rate over the
+    # sweep (`measure.host_link_point`); None: not measured (before version 4, or a device
+    # without pinned host memory)
+    host_bandwidth: float | None = None
+    # (bytes copied, bytes/s of the slower direction) of the host-link sweep
+    host_points: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for field_name in ("matmul", "conv"):
@@ -151,6 +158,8 @@ class Calibration:
             raise ValueError("a calibration needs memory_bandwidth > 0 and num_devices >= 1")
         if self.kernel_overhead is not None and not self.kernel_overhead >= 0:
             raise ValueError("a calibration's kernel_overhead must be >= 0")
+        if self.host_bandwidth is not None and not self.host_bandwidth > 0:
+            raise ValueError("a calibration's host_bandwidth must be > 0 (None: not measured)")
         table = dict(self.contractions)
         if len(table) != len(self.contractions):
             raise ValueError("a calibration's contraction table repeats a call")
@@ -228,6 +237,9 @@ class Calibration:
                 "points": [list(p) for p in self.memory_points],
                 "capacity": self.memory_bytes,
             },
+            "host": None
+            if self.host_bandwidth is None
+            else {"bandwidth": self.host_bandwidth, "points": [list(p) for p in self.host_points]},
             "axes": [
                 {
                     "name": a.name,
@@ -352,6 +364,8 @@ def _parse(doc: Any) -> Calibration:
             f"{', '.join(map(str, READ_VERSIONS))})"
         )
     overhead = doc.get("kernel_overhead")
+    host = doc.get("host")
+    host = None if host is None else _obj(host, "host")
     memory = _obj(doc["memory"], "memory")
     capacity = memory.get("capacity")
     return Calibration(
@@ -369,6 +383,8 @@ def _parse(doc: Any) -> Calibration:
         axes=tuple(_axis(a, f"axes[{i}]") for i, a in enumerate(_list(doc["axes"], "axes"))),
         kernel_overhead=None if overhead is None else _nonnegative(overhead, "kernel_overhead"),
         contractions=_table(doc.get("contractions", [])),
+        host_bandwidth=None if host is None else _positive(host["bandwidth"], "host.bandwidth"),
+        host_points=() if host is None else _pairs(host.get("points", []), "host.points"),
     )
 
 

@@ -148,7 +148,10 @@ class Cluster:
             peak_flops=peak,
             mem_bandwidth=calibration.memory_bandwidth,
             memory_bytes=calibration.memory_bytes or base.device.memory_bytes,
-            host_bandwidth=base.device.host_bandwidth,
+            # measured where the moves are copies (XLA:CPU's are the identity)
+            host_bandwidth=calibration.host_bandwidth
+            if calibration.host_bandwidth and calibration.platform != "cpu"
+            else base.device.host_bandwidth,
             source=f"{calibration.source}; dtypes not measured: {base.device.source}",
         )
         axes = ", ".join(f"{a.name}={a.size} ({a.link})" for a in calibration.axes) or "none"
