@@ -215,9 +215,11 @@ def _host_nodes(ctx) -> dict[int, bool]:
     """Node -> whether its move between device and host memory goes to the host, for the nodes
     that make one (`cost.host_moves`; kept in ``ctx.memo``)."""
     if "host nodes" not in ctx.memo:
-        ng = ctx.ng
+        ng = ctx.ng  # the nodes with a t_H table are those making a move
         ctx.memo["host nodes"] = {
-            v: moves[0][1] for v, node in enumerate(ng.nodes) if (moves := host_moves(ng, node))
+            v: host_moves(ng, ng.nodes[v])[0][1]
+            for v, t_h in enumerate(ctx.tables.host)
+            if t_h is not None
         }
     return ctx.memo["host nodes"]
 
