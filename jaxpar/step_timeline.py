@@ -237,7 +237,8 @@ def _prefetch_after(ng, order, t_c, t_h, moves: dict[int, bool]) -> dict[int, in
         if moves.get(v) is not False:
             continue
         region, covered = ng.nodes[v].region, 0.0
-        for w in reversed(order[:k]):
+        for j in range(k - 1, -1, -1):
+            w = order[j]
             if ng.nodes[w].region != region or (covered >= t_h[v] and t_c[w]):
                 if w in moves and not t_c[w]:
                     continue  # a copy alone runs no compute to be issued after
