@@ -167,7 +167,7 @@ def test_the_table_round_trips_and_bad_entries_are_clear_errors(tmp_path):
     path = tmp_path / "cal.json"
     cal.save(path)
     doc = json.loads(path.read_text())
-    assert doc["version"] == 3
+    assert doc["version"] == 4  # 4 added the host link
     assert doc["contractions"][0] == {"call": "b", "seconds": 1e-3}
     assert load_calibration(path) == cal
     assert "2 library calls measured" in cal.source
