@@ -232,11 +232,7 @@ def _node_work(
     tensors = program.tensors
 
     def shards(mp: DimMap) -> np.ndarray:
-        out = np.ones(n)
-        for d in mp:
-            if d is not None:
-                out = out * D[:, d]
-        return out
+        return map_shards(D, mp)
 
     flops, nbytes, seconds = np.zeros(n), np.zeros(n), np.zeros(n)
     table = params.contraction_table
@@ -282,6 +278,16 @@ def _node_work(
     return NodeWork(flops, nbytes, seconds, sum(k.runs for k in kernels), tuple(per_kernel))
 
 
+def map_shards(D: np.ndarray, mp: DimMap) -> np.ndarray:
+    """Per configuration (rows of `dim_degrees` ``D``), the shards of a tensor whose dims map
+    to iteration dims ``mp``: the product of their degrees."""
+    out = np.ones(len(D))
+    for d in mp:
+        if d is not None:
+            out = out * D[:, d]
+    return out
+
+
 def host_moves(ng: NodeGraph, node: Node) -> list[tuple[int, bool]]:
     """(member position, whether it moves to the host) of the node's moves between device
     and host memory (``device_put``: `trace` keeps only moves between memory spaces)."""
@@ -306,11 +312,9 @@ def host_move_bytes(
     out = np.zeros(len(cfgs))
     for i, _ in moves:
         m = node.members[i]
-        shards = np.ones(len(cfgs))
-        for d in m.out_maps[0]:
-            if d is not None:
-                shards = shards * D[:, d]
-        out += ng.program.tensors[ng.program.eqns[m.eqn].outputs[0]].nbytes / shards
+        out += ng.program.tensors[ng.program.eqns[m.eqn].outputs[0]].nbytes / map_shards(
+            D, m.out_maps[0]
+        )
     return out
 
 
