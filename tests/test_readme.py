@@ -16,10 +16,11 @@ Setup and test commands are not re-run:
 
 * ``pip install ...`` (also ``pip3`` / ``python -m pip``) installs nothing here. For a line
   ``pip install ... && CMD`` only ``CMD`` runs; a line that only installs is skipped.
-* A command that runs pytest is skipped: ``pip install -e ".[test]" && python -m pytest`` is
-  the README's test command, which CI runs as it stands (running it here would recurse into the
-  suite), and ``JAXPAR_UPDATE_GOLDENS=1 python -m pytest ...`` rewrites ``tests/goldens``.
-  Any command that sets ``JAXPAR_UPDATE_GOLDENS`` is skipped for the same reason.
+* A command that runs pytest is skipped: ``pip install -e ".[test]" && python -m pytest -n auto
+  --maxprocesses 4`` is the README's test command, which CI runs as it stands (running it here
+  would recurse into the suite), and ``JAXPAR_UPDATE_GOLDENS=1 python -m pytest ...``
+  rewrites ``tests/goldens``. Any command that sets ``JAXPAR_UPDATE_GOLDENS`` is skipped for
+  the same reason.
 
 Blocks without a language tag (the pipeline diagram) are not code and are not run. Test ids
 name the block: its index among all fenced blocks of README.md, its language and first line.

@@ -34,7 +34,6 @@ RTOL = {
     "nnx_gpt": 5e-5,
     "inception_v3": 2e-4,
     "resnet18": 2e-4,
-    "resnet34": 2e-4,
     "resnet50": 2e-4,
 }
 
@@ -57,13 +56,19 @@ def _reference(name):
     return args, _two_steps(jax.jit(ex.step), *args)
 
 
+# One model per family: VGG-11/13/19 and ResNet-34 repeat VGG-16's and ResNet-18's layers at
+# another depth (same primitives, same rules; their plans are in the goldens, and the full-size
+# ones plan below), and cost the suite minutes of compiling.
+NUMERICS_NAMES = tuple(n for n in models.NAMES if n not in ("vgg11", "vgg13", "vgg19", "resnet34"))
+
+
 # "auto": the planner's own choice (on these tiny models mostly replicated, i.e. no
 # collectives); "owt": forced data-parallel convolutions / model-parallel Dense layers, which
 # exercises all-reduces, all-gathers and all-to-alls in every model.
 @pytest.mark.numerics
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["auto", "owt"])
-@pytest.mark.parametrize("name", models.NAMES)
+@pytest.mark.parametrize("name", NUMERICS_NAMES)
 def test_small_auto_shard_matches_unsharded(name, strategy):
     ex = _small(name)
     (state, batch), ref = _reference(name)
