@@ -9,6 +9,7 @@ Pure: numpy only; JAX's jaxprs are read by attribute.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,7 +36,7 @@ def _is_literal(atom: Any) -> bool:
     return hasattr(atom, "val")  # a jax Literal has a value, a variable none
 
 
-def _value_bytes(v: Any) -> int:
+def body_value_bytes(v: Any) -> int:
     return math.prod(v.aval.shape) * getattr(v.aval.dtype, "itemsize", 0)
 
 
@@ -65,7 +66,7 @@ def _inlined(jaxpr: Any, rename: dict, out: list[_BodyEqn]) -> None:
             out.append(_BodyEqn(name, [v for v in ins if v is not None], list(e.outvars), nested))
 
 
-def body_workspace(jaxpr: Any) -> float:
+def body_workspace(jaxpr: Any, value_bytes: Callable[[Any], float] | None = None) -> float:
     """Peak bytes, on one device, of the buffers a shard_map's body makes and frees inside it
     (its operands and results are the step's tensors, held outside). Calls are inlined and
     annotations passed through, as XLA does; then XLA's fusion as the planning nodes
@@ -74,7 +75,10 @@ def body_workspace(jaxpr: Any) -> float:
     value is stored when another kernel reads it (a value computed from no data only when a
     reader that cannot recompute it does), from its equation to its last reader, in program
     order. While a loop or
-    a branch runs, its own workspace counts too. ``jaxpr`` is JAX's, read by attribute."""
+    a branch runs, its own workspace counts too. ``jaxpr`` is JAX's, read by attribute.
+    ``value_bytes``: a value's bytes on one device (default: its whole size; where automatic
+    axes split the body, its shard's)."""
+    value_bytes = value_bytes or body_value_bytes
     rename: dict[Any, Any] = {}
     eqns: list[_BodyEqn] = []
     _inlined(jaxpr, rename, eqns)
@@ -89,7 +93,7 @@ def body_workspace(jaxpr: Any) -> float:
         if e.name in FUSIBLE | VIEWS | GENERATORS and not data and len(made) == len(e.ins):
             generated.update(e.outs)
         if e.name in FUSIBLE | VIEWS and data:
-            kernel[i] = kernel_of[max(data, key=_value_bytes)]
+            kernel[i] = kernel_of[max(data, key=body_value_bytes)]
         for v in made:
             readers.setdefault(v, []).append(i)
         for v in e.outs:
@@ -103,7 +107,7 @@ def body_workspace(jaxpr: Any) -> float:
                 for r in reads
             ):
                 continue
-            size = _value_bytes(v)
+            size = value_bytes(v)
             delta[i] += size
             delta[max(reads) + 1] -= size
     nested = np.array([e.nested for e in eqns] + [0.0])

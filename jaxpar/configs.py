@@ -126,6 +126,31 @@ def manual_config(space: OpSpace, names: Sequence[str]) -> Config:
     return tuple(dims.get(name, -1) for name in names)
 
 
+def automatic_configs(
+    manual: Config, space: OpSpace, sizes: Sequence[int], names: Sequence[str], tensor_sizes
+) -> list[Config]:
+    """The configurations of code partitioned by hand over some mesh axes: ``manual`` on
+    those, and on each automatic axis (`OpSpace.automatic_axes`, by name) no split or one of
+    the dims it may split (`OpSpace.automatic`), where every tensor dim stays divisible
+    (`enumerate_configs`)."""
+    if not space.automatic:
+        return [manual]
+    options = [
+        (-1, *space.automatic) if name in space.automatic_axes else (d,)
+        for d, name in zip(manual, names, strict=True)
+    ]
+    pairs = frozenset(tensor_sizes)
+    out = []
+    for cfg in itertools.product(*options):
+        deg: dict[int, int] = {}
+        for a, d in enumerate(cfg):
+            if d >= 0:
+                deg[d] = deg.get(d, 1) * sizes[a]
+        if all(size % deg.get(d, 1) == 0 for size, d in pairs):
+            out.append(tuple(cfg))
+    return out
+
+
 def node_configs(
     ng: NodeGraph,
     node: Node,
@@ -142,8 +167,10 @@ def node_configs(
     replicated = (-1,) * len(sizes)
     if node.fixed:
         return [replicated]
-    if node.space.manual:  # partitioned by hand: its own layouts, nothing else
-        return [manual_config(node.space, names)]
+    if node.space.manual:  # partitioned by hand: its own layouts (and its automatic axes')
+        return automatic_configs(
+            manual_config(node.space, names), node.space, sizes, names, tensor_dims(ng, node)
+        )
     cfgs = enumerate_configs(node.space, sizes, tensor_dims(ng, node))
     if full_contractions and is_contraction(ng, node):
         cfgs = [c for c in cfgs if all(d >= 0 for d in c)] or cfgs

@@ -14,6 +14,7 @@ Pure: numpy only.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -405,13 +406,13 @@ def node_collectives(
       all-reduced over A: buffer S = result bytes / its shard count, 2(n-1)/n · S bytes sent.
     - Halo exchange of a spatially split convolution: one collective-permute over the split
       spatial axes (`_halo_bytes`).
-    - Code partitioned by hand (a shard_map): its body's collectives, whatever ``cfg`` (its
-      only one), `_body_collectives`.
+    - Code partitioned by hand (a shard_map): its body's collectives, of bytes its automatic
+      axes divide, and the all-reduces of the reductions they split (`_body_collectives`).
     """
     if node.anchor < 0:
         return ()
     if node.space.manual:
-        return _body_collectives(node, mesh)
+        return _body_collectives(node, cfg, mesh)
     out = []
     red_dims = set(node.space.reduce_dims)
     axes = tuple(a for a, d in enumerate(cfg) if d in red_dims)
@@ -438,16 +439,25 @@ def node_collectives(
     return tuple(out)
 
 
-def _body_collectives(node: Node, mesh: MeshAxes) -> tuple[NodeCollective, ...]:
+def _body_collectives(node: Node, cfg: Config, mesh: MeshAxes) -> tuple[NodeCollective, ...]:
     """A shard_map body's collectives (`OpSpace.communication`): per collective of result R
     bytes on one device over axes A (n devices), run r times per run of the node,
-    ``bytes = r · collectives.result_bytes_sent(kind, n, R)`` and ``time = r · transfer_time``
-    of one run; ``tensor`` None (a value of the body)."""
+    ``bytes = r · collectives.result_bytes_sent(kind, n, R / s)`` and
+    ``time = r · transfer_time`` of one run, where s is the product of the automatic axes
+    ``cfg`` puts on the dims its result carries (`BodyCollective.dims`); ``tensor`` None (a
+    value of the body). A reduction's all-reduce (`BodyCollective.split`) runs over the axes
+    splitting its dim, when some do."""
     out = []
     for c in node.space.communication:
-        axes = tuple(sorted(mesh.names.index(a) for a in c.axes))
+        if c.split >= 0:
+            axes = tuple(a for a, d in enumerate(cfg) if d == c.split)
+            if not axes:
+                continue
+        else:
+            axes = tuple(sorted(mesh.names.index(a) for a in c.axes))
+        shards = math.prod(mesh.sizes[a] for a, d in enumerate(cfg) if d >= 0 and d in c.dims)
         n, bw, lat = mesh.group(axes)
-        sent = result_bytes_sent(c.kind, n, c.result_bytes)
+        sent = result_bytes_sent(c.kind, n, c.result_bytes / shards)
         time = transfer_time(c.kind, sent, n, bw, lat)
         out.append(NodeCollective(c.kind, axes, n, sent * c.runs, time * c.runs, None, c))
     return tuple(out)

@@ -74,11 +74,13 @@ numpy only.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from .body_buffers import body_workspace, recomputed_results
+from .body_buffers import body_value_bytes, body_workspace, recomputed_results
 from .buffer_reads import BufferReads
 from .buffers import (
     FUSIBLE,
@@ -98,7 +100,7 @@ from .graph import BACKWARD, FORWARD, UPDATE
 from .memory_estimate import ARG_KINDS, CPU_MODEL_MARGIN, MODEL_MARGIN, MemoryEstimate
 from .reshard import SLICE, reshard_path
 from .rules import DimMap
-from .rules_manual import inner_jaxpr
+from .rules_manual import automatic_dims, inner_jaxpr
 
 COMBINE_COUNT = 256  # operands per combined all-reduce on the CPU backend
 # Positions in the liveness walk: equation i at i, a combined all-reduce after it at
@@ -164,12 +166,51 @@ class MemoryModel(BufferReads):
     @functools.cached_property
     def _workspace(self) -> np.ndarray:
         """Per grid position, the bytes a shard_map's body makes and frees inside it while it
-        runs (`body_buffers.body_workspace`: its layouts are fixed, so no plan changes them)."""
+        runs (`body_buffers.body_workspace`), unsplit by automatic axes (`_workspace_under`)."""
         out = np.zeros(STEPS * (self.n_eqns + 2))
         for e in self.inp.ng.program.eqns:
             if e.primitive == "shard_map":
                 at = round(STEPS * self.position[e.index])
                 out[at] += body_workspace(inner_jaxpr(e.params["jaxpr"]))
+        return out
+
+    @functools.cached_property
+    def _automatic(self) -> list[tuple[Any, int, Any]]:
+        """(equation, its node, `body_dims.BodyDims`) of each shard_map whose automatic axes
+        may split its body."""
+        ng = self.inp.ng
+        out = []
+        for e in ng.program.eqns:
+            if e.primitive == "shard_map" and e.index in ng.node_of_eqn:
+                dims = automatic_dims(e, ng.program)
+                if dims is not None:
+                    out.append((e, ng.node_of_eqn[e.index], dims))
+        return out
+
+    def _workspace_under(self, cfg: Sequence[Config]) -> np.ndarray:
+        """`_workspace` with each body's values split as ``cfg`` puts automatic axes on the
+        dims they carry: a value's bytes / the product of those axes' sizes."""
+        if not self._automatic:
+            return self._workspace
+        out = self._workspace.copy()
+        sizes = self.inp.sizes
+        for e, v, dims in self._automatic:
+            space = self.inp.ng.nodes[v].space
+            first = space.automatic[0]
+            deg = [1] * len(dims.sizes)
+            for a, d in enumerate(cfg[v]):
+                if d >= first:
+                    deg[d - first] *= sizes[a]
+            if all(k == 1 for k in deg):
+                continue
+            key = ("split workspace", e.index, tuple(deg))
+            memo = self.inp.ng.program.memo
+            if key not in memo:
+                jaxpr = inner_jaxpr(e.params["jaxpr"])
+                whole = body_workspace(jaxpr)
+                split = body_workspace(jaxpr, _split_bytes(dims, tuple(deg)))
+                memo[key] = split - whole
+            out[round(STEPS * self.position[e.index])] += memo[key]
         return out
 
     @functools.cached_property
@@ -283,10 +324,11 @@ class MemoryModel(BufferReads):
             k[d] -= size
             if record is not None:
                 record.append((t, born, dies))
-        profile = (np.cumsum(delta) + in_flight + self._workspace)[: STEPS * (self.n_eqns + 1)]
+        workspace = self._workspace_under(cfg)
+        profile = (np.cumsum(delta) + in_flight + workspace)[: STEPS * (self.n_eqns + 1)]
         at = int(np.argmax(profile)) if len(profile) else 0
         live_at = {k: float(np.cumsum(v)[at]) for k, v in kinds.items()}
-        live_at[UPDATE] += float(in_flight[at] + self._workspace[at])  # with the temporaries
+        live_at[UPDATE] += float(in_flight[at] + workspace[at])  # with the temporaries
         peak_live = float(profile[at]) if len(profile) else 0.0
         eq = min(at // STEPS, self.n_eqns - 1)
         estimate = MemoryEstimate(
@@ -489,3 +531,8 @@ class MemoryModel(BufferReads):
         nbytes = self.inp.ng.program.tensors[t].nbytes
         path = reshard_path(nbytes, have, want, self.inp.sizes)
         return all(step.kind == SLICE for step in path)
+
+
+def _split_bytes(dims: Any, deg: tuple[int, ...]) -> Callable[[Any], float]:
+    """A body value's bytes on one device when automatic dim d is split ``deg[d]`` ways."""
+    return lambda x: body_value_bytes(x) / math.prod(deg[d] for d in dims.dims_of(x))

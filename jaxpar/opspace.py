@@ -40,6 +40,11 @@ class BodyCollective(NamedTuple):
     dtype: str  # of its (first) result
     reduce_op: str  # an all-reduce's reduction ("sum", "max", "min"), else ""
     feeds: tuple[int, ...] = ()  # the shard_map's results computed from it (by position)
+    # the automatic iteration dims its result carries: their split divides its bytes
+    dims: tuple[int, ...] = ()
+    # >= 0: the all-reduce completing a reduction over this automatic dim, run over the axes
+    # splitting it (``axes`` empty), only when some do (`body_dims.Reduction`)
+    split: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +65,10 @@ class OpSpace:
     manual: tuple[tuple[str, int], ...] = ()
     # a shard_map's body's collectives (`rules_manual.body_communication`)
     communication: tuple[BodyCollective, ...] = ()
+    # code partitioned by hand over some mesh axes only: the iteration dims the other
+    # (automatic) axes, by name, may split (`body_dims`)
+    automatic: tuple[int, ...] = ()
+    automatic_axes: tuple[str, ...] = ()
 
     @functools.cached_property  # read per configuration while pricing (~0.5 M reads)
     def reduce_dims(self) -> tuple[int, ...]:

@@ -17,9 +17,15 @@ The collectives its body calls (a hand-written tensor-parallel matmul's `psum`, 
 and runs (`OpSpace.communication`), and `cost.node_collectives` prices them as the node's own
 collectives, predicted like the plan's others.
 
-A shard_map that leaves mesh axes automatic inside its body (``axis_names``) is planned over
-its manual axes and runs replicated over the automatic ones, with a warning naming them
-(`automatic_axes`): XLA would partition its body over them, which means planning inside it.
+A shard_map that leaves mesh axes automatic inside its body (``axis_names``) is partitioned
+over them by XLA, as any code is. Its space then has, after the manual groups' dims, the dims
+those axes may split (`OpSpace.automatic`, found by `body_dims`: the dims a split passes
+through the body untouched), and its configurations choose for each automatic axis one of them
+or none (`configs.automatic_configs`). A split divides the body's FLOPs and the bytes of the
+collectives whose results carry the split dim, and a split dim the body contracts or reduces
+ends in an all-reduce of that reduction's result over the splitting axes
+(`BodyCollective.split`). When no dim passes, the shard_map runs replicated over its automatic
+axes, with a warning naming them (`automatic_axes`).
 
 Planned this way only when the space can say it: each mesh axis in one group, each group on
 some result or combined over by the body's collectives, and every collective in the body one the
@@ -43,6 +49,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .body_dims import BodyDims, body_dims, inner_jaxpr, spec_axes, sub_jaxprs
 from .collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, PERMUTE, REDUCE_SCATTER
 from .graph import SCAN_SLICE, SCAN_STACK, Equation, Program, Tensor
 from .opspace import BodyCollective, OpSpace, register_rule, shape_of
@@ -59,29 +66,6 @@ BODY_KINDS = {
     "reduce_scatter": REDUCE_SCATTER, "psum_scatter": REDUCE_SCATTER,
     "all_to_all": ALL_TO_ALL, "ppermute": PERMUTE,
 }  # fmt: skip
-_SUB_JAXPRS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
-
-
-def _axes(entry: Any) -> tuple[str, ...]:
-    """The mesh axes one entry of a PartitionSpec names (None: none)."""
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
-def inner_jaxpr(jaxpr: Any) -> Any:
-    return getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's jaxpr, or the jaxpr itself
-
-
-def sub_jaxprs(eqn: Any) -> list[Any]:
-    """The jaxprs a (JAX) equation runs inside: a call's, a loop's body and condition, a
-    cond's branches."""
-    subs = [inner_jaxpr(eqn.params[k]) for k in _SUB_JAXPRS if k in eqn.params]
-    subs += [inner_jaxpr(b) for b in eqn.params.get("branches", ())]
-    for k in ("body_jaxpr", "cond_jaxpr"):
-        if k in eqn.params:
-            subs.append(inner_jaxpr(eqn.params[k]))
-    return subs
 
 
 class Unpriced(Exception):
@@ -96,14 +80,34 @@ def _collective_axes(eqn: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def body_communication(jaxpr: Any, sizes: dict[str, int]) -> list[BodyCollective]:
+def body_communication(
+    jaxpr: Any, sizes: dict[str, int], automatic: BodyDims | None = None, first: int = 0
+) -> list[BodyCollective]:
     """The collectives a shard_map body runs (`opspace.BodyCollective`): a scan's body runs its
     length times, a call's once. A collective-permute's bytes count only the devices that send
     (what `verify` reads of the compiled one). Each feeds the body's results computed from it
     (of a nested call or loop: from that equation's results). `Unpriced` for a collective the
     kinds do not cover (`BODY_KINDS`: a collective broadcast, a ragged all-to-all), or one
-    inside a cond or a while loop."""
-    found = _collectives(jaxpr, sizes, 1)
+    inside a cond or a while loop.
+
+    With the body's ``automatic`` dims (`body_dims`; numbered from ``first`` in the node's
+    space): each collective's `BodyCollective.dims`, and one all-reduce per reduction an
+    automatic axis may split (`BodyCollective.split`)."""
+    found = [(c, at) for c, at, _ in _collectives(jaxpr, sizes, 1)]
+    if automatic is not None:
+
+        def dims(value: Any) -> tuple[int, ...]:
+            return tuple(first + d for d in automatic.dims_of(value))
+
+        found = [
+            (c._replace(dims=dims(v)), at) for (c, at), (_, _, v) in
+            zip(found, _collectives(jaxpr, sizes, 1), strict=True)
+        ]  # fmt: skip
+        found += [
+            (BodyCollective(ALL_REDUCE, (), _nbytes([r.value]), 1, str(r.value.aval.dtype), r.op,
+                            dims=dims(r.value), split=first + r.dim), r.at)
+            for r in automatic.reductions
+        ]  # fmt: skip
     tainted: dict[Any, int] = {}  # a body value -> bitmask of the collectives it comes from
     for i, eqn in enumerate(jaxpr.eqns):
         mask = 0
@@ -122,34 +126,41 @@ def body_communication(jaxpr: Any, sizes: dict[str, int]) -> list[BodyCollective
     ]
 
 
-def _collectives(jaxpr: Any, sizes: dict[str, int], runs: int) -> list[tuple[BodyCollective, int]]:
+def _nbytes(values: Any) -> float:
+    return float(
+        sum(math.prod(v.aval.shape) * getattr(v.aval.dtype, "itemsize", 0) for v in values)
+    )
+
+
+def _collectives(
+    jaxpr: Any, sizes: dict[str, int], runs: int
+) -> list[tuple[BodyCollective, int, Any]]:
     """`body_communication`'s collectives, each with the index of the equation of ``jaxpr``
-    running it."""
-    out: list[tuple[BodyCollective, int]] = []
+    running it and the body value it makes (its first result)."""
+    out: list[tuple[BodyCollective, int, Any]] = []
     for i, eqn in enumerate(jaxpr.eqns):
         name = eqn.primitive.name
         subs = sub_jaxprs(eqn)
         if subs:
-            inner = [c for sub in subs for c, _ in _collectives(sub, sizes, 1)]
+            inner = [(c, v) for sub in subs for c, _, v in _collectives(sub, sizes, 1)]
             if inner and ("branches" in eqn.params or name == "while"):
-                raise Unpriced(f"{inner[0].kind} inside a {'cond' if name == 'cond' else name}")
+                kind = inner[0][0].kind
+                raise Unpriced(f"{kind} inside a {'cond' if name == 'cond' else name}")
             times = eqn.params.get("length", 1) if name == "scan" else 1
-            out += [(c._replace(runs=c.runs * times * runs), i) for c in inner]
+            out += [(c._replace(runs=c.runs * times * runs), i, v) for c, v in inner]
             continue
         if name not in BODY_COLLECTIVES:
             continue
         if name not in BODY_KINDS:
             raise Unpriced(name)
         kind, axes = BODY_KINDS[name], _collective_axes(eqn)
-        nbytes = sum(
-            math.prod(v.aval.shape) * getattr(v.aval.dtype, "itemsize", 0) for v in eqn.outvars
-        )
+        nbytes = _nbytes(eqn.outvars)
         if kind == PERMUTE:
             n = math.prod(sizes[a] for a in axes)
             nbytes *= sum(1 for src, dst in eqn.params["perm"] if src != dst) / n
         op = {"pmax": "max", "pmin": "min"}.get(name, "sum") if kind == ALL_REDUCE else ""
         dtype = str(eqn.outvars[0].aval.dtype)
-        out.append((BodyCollective(kind, axes, float(nbytes), runs, dtype, op), i))
+        out.append((BodyCollective(kind, axes, nbytes, runs, dtype, op), i, eqn.outvars[0]))
     return out
 
 
@@ -181,15 +192,15 @@ def _spec_groups(specs: Any) -> list[tuple[str, ...]]:
     groups: dict[tuple[str, ...], None] = {}
     for spec in specs:
         for entry in spec:
-            if _axes(entry):
-                groups.setdefault(_axes(entry))
+            if spec_axes(entry):
+                groups.setdefault(spec_axes(entry))
     return list(groups)
 
 
 def _tangled(spec: Any, groups: list[tuple[str, ...]]) -> bool:
     """Whether ``spec`` puts several mesh axes on one dim that another of ``groups`` uses in
     another combination (what a differentiated shard_map's residuals do)."""
-    mine = [g for g in map(_axes, spec) if len(g) > 1]
+    mine = [g for g in map(spec_axes, spec) if len(g) > 1]
     return any(g != h and set(g) & set(h) for g in mine for h in groups)
 
 
@@ -250,13 +261,13 @@ def per_device_stacks(program: Program) -> dict[int, Tensor]:
                 _tangled(spec, _spec_groups([*q["in_specs"], *q["out_specs"]])) for q in ends
             ):
                 continue
-            axes = tuple(a for entry in spec for a in _axes(entry))
+            axes = tuple(a for entry in spec for a in spec_axes(entry))
             for u, depth in found.items():
                 tensor = program.tensors[u]
                 entries = [*(None,) * depth, *spec]
                 entries += [None] * (len(tensor.shape) - len(entries))
                 block = tuple(
-                    size // math.prod(sizes[a] for a in _axes(entry))
+                    size // math.prod(sizes[a] for a in spec_axes(entry))
                     for size, entry in zip(tensor.shape, entries, strict=True)
                 )
                 stacks[u] = Tensor(block, tensor.dtype, tensor.itemsize, axes)
@@ -287,14 +298,42 @@ def unplanned(eqn: Equation, program: Program) -> str | None:
 
 def automatic_axes(eqn: Equation, program: Program) -> str | None:
     """Why a shard_map that leaves mesh axes automatic inside its body (``axis_names``) runs
-    replicated over those axes, or None when every axis is manual. Its manual axes are planned
-    as the rule says; over the automatic ones the plan holds its operands and results whole
-    and prices its body on every device, as XLA runs a body whose operands come in whole."""
-    p = eqn.params
-    names = tuple(p["mesh"].axis_names)
-    manual = p.get("newly_manual_axes", p.get("manual_axes", frozenset(names)))
-    auto = sorted(set(names) - set(manual))
-    return f"leaves mesh axes {auto} automatic inside its body" if auto else None
+    replicated over those axes, or None when every axis is manual or the automatic ones may
+    split some dim (`automatic_dims`). Its manual axes are planned as the rule says; over the
+    automatic ones the plan then holds its operands and results whole and prices its body on
+    every device, as XLA runs a body whose operands come in whole."""
+    auto = _automatic_names(eqn.params)
+    if not auto or automatic_dims(eqn, program) is not None:
+        return None
+    return (
+        f"leaves mesh axes {auto} automatic inside its body, and no dim of its operands or "
+        "results passes through the body untouched"
+    )
+
+
+def _automatic_names(params: dict) -> list[str]:
+    names = tuple(params["mesh"].axis_names)
+    manual = params.get("newly_manual_axes", params.get("manual_axes", frozenset(names)))
+    return sorted(set(names) - set(manual))
+
+
+def automatic_dims(eqn: Equation, program: Program) -> BodyDims | None:
+    """The dims of a shard_map's body its automatic axes may split (`body_dims`), or None when
+    it has no automatic axis or they may split none. Operands that are literals or per-device
+    stacks stay whole. Kept in ``program.memo``: the rule and its warning both ask."""
+    key = ("shard_map automatic dims", eqn.index)
+    if key not in program.memo:
+        p, found = eqn.params, None
+        if _automatic_names(p):
+            tensors = program.tensors
+            found = body_dims(
+                inner_jaxpr(p["jaxpr"]), p["in_specs"], p["out_specs"],
+                [t is None or bool(tensors[t].hand_split) for t in eqn.inputs],
+                [bool(tensors[t].hand_split) for t in eqn.outputs],
+            )  # fmt: skip
+            found = found if found.sizes else None
+        program.memo[key] = found
+    return program.memo[key]
 
 
 def _unplanned(eqn: Equation, program: Program) -> str | None:
@@ -307,7 +346,9 @@ def _unplanned(eqn: Equation, program: Program) -> str | None:
     named = [a for axes in groups for a in axes]
     if len(named) != len(set(named)):
         return "puts one mesh axis on dims of its tensors in different combinations"
-    on_results = {_axes(e) for spec, result in specs if result and spec is not None for e in spec}
+    on_results = {
+        spec_axes(e) for spec, result in specs if result and spec is not None for e in spec
+    }
     talked = {a for c in talk for a in c.axes}  # its collectives combine over them
     if any(axes not in on_results and not set(axes) <= talked for axes in groups):
         return "splits an operand over mesh axes that split none of its results"
@@ -320,16 +361,21 @@ def _mesh_sizes(params: dict) -> dict[str, int]:
 
 @register_rule("shard_map")
 def shard_map_rule(eqn: Equation, program: Program) -> OpSpace:
-    """A shard_map's fixed layouts as an iteration space with one configuration (see the module
-    docstring); ``flops = body_flops × the devices its specs split the work over``; its
-    body's collectives (`body_communication`) as `OpSpace.communication`."""
+    """A shard_map's fixed layouts as an iteration space (see the module docstring);
+    ``flops = body_flops × the devices its specs split the work over``; its body's collectives
+    (`body_communication`) as `OpSpace.communication`. Automatic axes add the dims they may
+    split (`automatic_dims`) after the manual groups' (`OpSpace.automatic`)."""
     p = eqn.params
     groups, _ = _groups(eqn, program)
     order = list(groups)
     mesh_sizes = _mesh_sizes(p)
     sizes = [0] * len(order)
+    auto = automatic_dims(eqn, program)
+    first = len(order)
 
-    def dim_map(tid: int | None, spec: Any) -> tuple[int | None, ...] | None:
+    def dim_map(
+        tid: int | None, spec: Any, free: tuple[int | None, ...]
+    ) -> tuple[int | None, ...] | None:
         if tid is None:
             return None
         shape = shape_of(program, tid)
@@ -337,23 +383,35 @@ def shard_map_rule(eqn: Equation, program: Program) -> OpSpace:
             return (None,) * len(shape)
         entries = [*spec, *(None,) * (len(shape) - len(spec))]
         out = []
-        for size, entry in zip(shape, entries, strict=True):
-            axes = _axes(entry)
+        for d, (size, entry) in enumerate(zip(shape, entries, strict=True)):
+            axes = spec_axes(entry)
             if axes:
                 sizes[groups[axes]] = sizes[groups[axes]] or size
-            out.append(groups[axes] if axes else None)
+                out.append(groups[axes])
+            else:
+                out.append(None if not free or free[d] is None else first + free[d])
         return tuple(out)
 
-    in_maps = tuple(dim_map(t, s) for t, s in zip(eqn.inputs, p["in_specs"], strict=True))
-    out_maps = tuple(dim_map(t, s) for t, s in zip(eqn.outputs, p["out_specs"], strict=True))
+    ins = auto.invars if auto else ((),) * len(eqn.inputs)
+    outs = auto.outvars if auto else ((),) * len(eqn.outputs)
+    in_maps = tuple(
+        dim_map(t, s, f) for t, s, f in zip(eqn.inputs, p["in_specs"], ins, strict=True)
+    )
+    out_maps = tuple(
+        dim_map(t, s, f) for t, s, f in zip(eqn.outputs, p["out_specs"], outs, strict=True)
+    )
     devices = math.prod(mesh_sizes[a] for axes in order for a in axes)
+    free = auto.sizes if auto else ()
+    body = inner_jaxpr(p["jaxpr"])
     return OpSpace(
-        sizes=tuple(sizes),
-        splittable=(True,) * len(order),
-        names=tuple("+".join(axes) for axes in order),
+        sizes=(*sizes, *free),
+        splittable=(True,) * (len(order) + len(free)),
+        names=(*("+".join(axes) for axes in order), *(f"auto{k}" for k in range(len(free)))),
         in_maps=in_maps,
         out_maps=out_maps,  # type: ignore[arg-type]  # results are never literals
-        flops=body_flops(inner_jaxpr(p["jaxpr"])) * devices,
+        flops=body_flops(body) * devices,
         manual=tuple((a, groups[axes]) for axes in order for a in axes),
-        communication=tuple(body_communication(inner_jaxpr(p["jaxpr"]), mesh_sizes)),
+        communication=tuple(body_communication(body, mesh_sizes, auto, first)),
+        automatic=tuple(range(first, first + len(free))),
+        automatic_axes=tuple(_automatic_names(p)) if free else (),
     )

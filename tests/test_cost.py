@@ -74,7 +74,7 @@ def test_reshape_maps_major_dims():
 
 PURE_CORE = (
     "graph", "opspace", "rules", "rules_contractions", "rules_indexing", "rules_linalg",
-    "rules_loops", "rules_manual", "nodes",
+    "rules_loops", "body_dims", "rules_manual", "nodes",
     "labels", "configs", "collectives", "reshard", "reshard_tables", "operand_layouts",
     "fusion", "kernels", "contraction_calls", "cost", "tables", "blocks", "combine", "overlap",
     "step_timeline",

@@ -12,7 +12,7 @@ from helpers import assert_equivalent
 
 import jaxpar
 import models
-from jaxpar.body_buffers import body_workspace
+from jaxpar.body_buffers import body_value_bytes, body_workspace
 from jaxpar.buffers import (
     YNN_MIN_ELEMENTS,
     Buffer,
@@ -695,6 +695,9 @@ def test_a_shard_map_body_s_own_buffers():
     a = jax.ShapeDtypeStruct((n, 16), jnp.float32)
     assert body_workspace(jax.make_jaxpr(one_stored)(a).jaxpr) == n * n * 4
     assert body_workspace(jax.make_jaxpr(two_live)(a).jaxpr) == 2 * n * n * 4
+    # split by automatic axes: each value's shard (here half of every value)
+    half = body_workspace(jax.make_jaxpr(two_live)(a).jaxpr, lambda v: body_value_bytes(v) / 2)
+    assert half == n * n * 4
 
 
 def _momentum_step(w, m, x):

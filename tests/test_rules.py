@@ -410,12 +410,25 @@ def test_a_shard_map_that_communicates_is_priced_and_predicted(mesh, caplog):
     assert len(grads) == 4 and len({c.group for c in grads}) == 1
 
 
-def test_a_shard_map_with_automatic_axes_is_planned_over_its_manual_ones(mesh, caplog):
+def _shard_map_nodes(sharded):
+    """(node, chosen configuration) of every shard_map of a planned step."""
+    plan = sharded.plan
+    return [
+        (node, plan.config(node.index))
+        for node in plan.ng.nodes
+        if node.anchor >= 0 and plan.program.eqns[node.anchor].primitive == "shard_map"
+    ]
+
+
+def test_a_differentiated_shard_map_plans_its_automatic_axis_where_dims_pass(mesh, caplog):
     """A hand-written tensor-parallel MLP, manual over ``model`` only (``axis_names``), ``data``
-    left to the compiler: planned over ``model`` as its specs say (its layouts kept, its
-    ``psum`` priced), replicated over ``data``, with one warning that names the automatic axis.
-    Equal to the unsharded step in float64, and every collective predicted as compiled. Before,
-    it ran replicated over both axes."""
+    left to the compiler, differentiated by JAX. Its batch dim reaches the residuals JAX stacks
+    per device over ``model``, so ``data`` may not split it; the feature dims pass through the
+    bodies (`body_dims`), and the plan splits one of them over ``data`` in the forward and one
+    in the backward shard_map. No warning; equal to the unsharded step in float64; every
+    collective predicted as compiled, the backward body's all-reduce over ``data`` (its
+    contraction over the split dim) included. Before, both ran replicated over ``data`` with a
+    warning."""
     from jax.sharding import PartitionSpec as P
 
     def mlp_body(x, w1, w2):
@@ -432,24 +445,136 @@ def test_a_shard_map_with_automatic_axes_is_planned_over_its_manual_ones(mesh, c
     with jax.enable_x64(True):
         params = {"w1": jnp.asarray(rs.randn(64, 256) / 8), "w2": jnp.asarray(rs.randn(256, 64))}
         x, y = jnp.asarray(rs.randn(32, 64)), jnp.asarray(rs.randn(32, 64))
-        with caplog.at_level(logging.WARNING, logger="jaxpar"):
-            sharded = jaxpar.auto_shard(step, mesh=mesh)
-            out = sharded(params, x, y)
-        want = jax.jit(step)(params, x, y)
-        for got, ref in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-10)
-        from jaxpar.verify import fidelity
+        sharded, check = _quiet_and_equal(mesh, step, (params, x, y), caplog)
+    assert check.relative_error < 1e-9 and check.counts_ok(tolerance=0, slack=0), check.text
+    found = _shard_map_nodes(sharded)
+    assert len(found) == 2
+    for node, cfg in found:
+        space = node.space
+        assert dict(space.manual).keys() == {"model"} and space.automatic_axes == ("data",)
+        assert space.automatic and all(space.sizes[d] == 64 for d in space.automatic)
+        assert cfg[0] in space.automatic  # data splits a feature dim
+    assert any(c.reason == "shard_map" and c.axes == ("data",) for c in sharded.plan.collectives)
+    assert any(c.reason == "shard_map" and c.axes == ("model",) for c in sharded.plan.collectives)
 
+
+def test_a_hand_written_kernel_splits_its_batch_over_the_automatic_axis(mesh, caplog):
+    """MaxText's kernel pattern: a custom VJP whose forward and backward are shard_maps, manual
+    over ``model`` (Megatron's column- then row-parallel MLP, ``psum`` over ``model``), ``data``
+    automatic. The batch passes through both bodies, so on 2 P100 nodes with 8,192 rows the plan
+    splits it over ``data``: the forward's ``psum`` carries half the rows, and the backward's
+    weight-gradient contractions over the split batch end in all-reduces over ``data``, which
+    XLA combines into one, as predicted. Each body's work per device halves. Equal to the
+    unsharded step in float64."""
+    from jax.sharding import PartitionSpec as P
+
+    from jaxpar.cost import node_work
+
+    def fwd_body(x, w1, w2):
+        return jax.lax.psum(jax.nn.relu(x @ w1) @ w2, "model")
+
+    def bwd_body(x, w1, w2, g):
+        h = x @ w1
+        dh = (g @ w2.T) * (h > 0)
+        return jax.lax.psum(dh @ w1.T, "model"), x.T @ dh, jax.nn.relu(h).T @ g
+
+    specs = (P(), P(None, "model"), P("model", None))
+    fwd = jax.shard_map(fwd_body, mesh=mesh, in_specs=specs, out_specs=P(), axis_names={"model"})
+    bwd = jax.shard_map(
+        bwd_body, mesh=mesh, in_specs=(*specs, P()), out_specs=specs, axis_names={"model"}
+    )
+
+    @jax.custom_vjp
+    def mlp(x, w1, w2):
+        return fwd(x, w1, w2)
+
+    mlp.defvjp(lambda x, w1, w2: (fwd(x, w1, w2), (x, w1, w2)), lambda res, g: bwd(*res, g))
+
+    def step(params, x, y):
+        grad = jax.grad(lambda p: ((mlp(x, p["w1"], p["w2"]) - y) ** 2).mean())(params)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, params, grad)
+
+    from jaxpar.verify import fidelity
+
+    rs = np.random.RandomState(0)
+    with jax.enable_x64(True):
+        params = {
+            "w1": jnp.asarray(rs.randn(256, 1024) / 16), "w2": jnp.asarray(rs.randn(1024, 256) / 32)
+        }  # fmt: skip
+        x, y = jnp.asarray(rs.randn(8192, 256)), jnp.asarray(rs.randn(8192, 256))
+        with caplog.at_level(logging.WARNING, logger="jaxpar"):
+            sharded = jaxpar.auto_shard(step, mesh=mesh, cluster="p100")
+            out = sharded(params, x, y)
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+        assert_equivalent(out, jax.jit(step)(params, x, y), rtol=1e-10)
         check = fidelity(sharded.plan.collectives, sharded.lower(params, x, y).compile())
+    assert check.relative_error < 1e-9 and check.counts_ok(tolerance=0, slack=0), check.text
+    plan = sharded.plan
+    found = _shard_map_nodes(sharded)
+    assert len(found) == 2
+    for node, cfg in found:
+        batch = next(d for d in node.space.automatic if node.space.sizes[d] == 8192)
+        assert cfg[0] == batch, (node.space.names, cfg)  # data splits the batch
+        work = node_work(plan.ng, node, [cfg, (-1, *cfg[1:])], plan.params)
+        # the body's FLOPs halve (an elementwise follower of the node's, unsplit, adds 0.003 %)
+        assert work.flops[0] == pytest.approx(work.flops[1] / 2, rel=1e-4)
+    data = [c for c in plan.collectives if c.axes == ("data",)]
+    assert len(data) == 2 and all(c.reason == "shard_map" for c in data)  # dw1, dw2
+    assert len({c.group for c in data}) == 1  # combined, as compiled
+    (model,) = [c for c in plan.collectives if c.axes == ("model",)]
+    # the forward's psum over 4 devices, of half the rows: 2(n-1)/n of its 4,096 x 256 float64
+    assert model.bytes == 1.5 * 8192 // 2 * 256 * 8
+
+
+def test_a_shard_map_whose_body_blocks_every_dim_warns_about_its_automatic_axes(mesh, caplog):
+    """A body that loops over its block (a ``fori_loop``: planned as a whole) passes no dim
+    through untouched: ``data`` cannot split it, and the one warning says so. Still equal."""
+    from jax.sharding import PartitionSpec as P
+
+    body = jax.shard_map(
+        lambda a: jax.lax.fori_loop(0, 3, lambda i, b: b * 2.0 + 1.0, a), mesh=mesh,
+        in_specs=P(None, "model"), out_specs=P(None, "model"), axis_names={"model"},
+    )  # fmt: skip
+    x = jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8)
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        sharded = jaxpar.auto_shard(body, mesh=mesh)
+        out = sharded(x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(body)(x)))
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1, messages
     assert "leaves mesh axes ['data'] automatic" in messages[0]
-    assert "planned over its other axes" in messages[0]
-    spaces = _spaces(sharded, "shard_map")
-    assert spaces and not any(s.replicated for s in spaces)
-    assert all(dict(s.manual).keys() == {"model"} for s in spaces)
-    assert check.relative_error < 1e-9 and check.counts_ok(tolerance=0, slack=0), check.text
-    assert any(c.reason == "shard_map" and c.axes == ("model",) for c in sharded.plan.collectives)
+    assert "no dim of its operands or results passes through the body untouched" in messages[0]
+    ((node, cfg),) = _shard_map_nodes(sharded)
+    assert not node.space.automatic and cfg[0] == -1
+
+
+@pytest.mark.closed_form
+def test_body_dims_follow_what_a_split_passes_through():
+    """`body_dims` on a body with a call (``jnp.einsum``), a transpose, a reduce_max and a
+    reshape merging dims: the batch dim (8) reaches both results and is free; the contracted
+    dim (6) and the sequence dim (4) reach the reshape, which merges them, so they are
+    blocked; the einsum's output features (5) end in a reduce_max, an all-reduce of its result
+    over the axes that split them."""
+    from jax.sharding import PartitionSpec as P
+
+    from jaxpar.body_dims import body_dims
+
+    def body(x, w):
+        h = jnp.einsum("bsd,de->bse", x, w)
+        m = jnp.transpose(h, (1, 0, 2)).max(axis=2)
+        return m, x.reshape(8, 24).sum(1)
+
+    jaxpr = jax.make_jaxpr(body)(jnp.ones((8, 4, 6)), jnp.ones((6, 5))).jaxpr
+    dims = body_dims(jaxpr, (P(), P()), (P(), P()), (False, False), (False, False))
+    assert dims.sizes == (8, 5)
+    assert dims.invars == ((0, None, None), (None, 1))
+    assert dims.outvars == ((None, 0), (0,))
+    ((reduction,),) = [[r for r in dims.reductions if r.op == "max"]]
+    assert reduction.dim == 1 and tuple(reduction.value.aval.shape) == (4, 8)
+    # a manual axis blocks what it splits: the batch, named on x's dim 0
+    manual = body_dims(jaxpr, (P("model"), P()), (P(None, "model"), P("model")), (False,) * 2,
+                       (False,) * 2)  # fmt: skip
+    assert manual.sizes == (5,)
 
 
 def _differentiated_attention_step(mesh, spec):
