@@ -143,6 +143,8 @@ def node_work(
                    bounds the tensor by b: a gather's result, a scatter's update)
                 + Σ_{(t, c) in `Kernel.extra`} c · nbytes(t) / shards(t)
         f_m     = flops_m · taps_m / deg_m            (taps: `conv_taps_fraction`, 1 but for convs)
+                  (a shard_map with automatic dims: Σ over `OpSpace.flop_parts` (dims P, F)
+                   of F / deg(manual dims ∪ P))
         t_k     = overhead + max( Σ_{m ∈ k} f_m / rate_m(f_m) , bytes_k / mem_bandwidth )
         t_C     = Σ_k t_k
 
@@ -191,7 +193,8 @@ def _priced_kernels(ng: NodeGraph, node: Node, kernels: Sequence) -> tuple:
                 eqn = program.eqns[m.eqn]
                 members.append(
                     (m.flops, tuple(m.used_dims), eqn.primitive, tensors[eqn.outputs[0]].dtype,
-                     conv_taps_fraction(program, eqn), _call_geometry(program, m))
+                     conv_taps_fraction(program, eqn), _call_geometry(program, m),
+                     node.space.flop_parts if m.eqn == node.anchor else ())
                 )  # fmt: skip
         out.append(
             (
@@ -262,7 +265,11 @@ def _node_work(
             eqn = program.eqns[m.eqn]
             if not m.flops:
                 continue
-            f = m.flops * conv_taps_fraction(program, eqn) / shards(tuple(m.used_dims))
+            if node.space.flop_parts and m.eqn == node.anchor:  # a shard_map's, in parts
+                manual = tuple(range(node.space.automatic[0]))
+                f = sum(pf / shards(manual + dims) for dims, pf in node.space.flop_parts)
+            else:
+                f = m.flops * conv_taps_fraction(program, eqn) / shards(tuple(m.used_dims))
             rate = params.flops_rates(tensors[eqn.outputs[0]].dtype, eqn.primitive, f)
             k_time += f / rate
             flops += f

@@ -69,6 +69,9 @@ class OpSpace:
     # (automatic) axes, by name, may split (`body_dims`)
     automatic: tuple[int, ...] = ()
     automatic_axes: tuple[str, ...] = ()
+    # with automatic dims: ``flops`` in parts, (the automatic dims that split a part, its
+    # FLOPs); the manual dims split every part (`rules_manual.body_flop_parts`)
+    flop_parts: tuple[tuple[tuple[int, ...], float], ...] = ()
 
     @functools.cached_property  # read per configuration while pricing (~0.5 M reads)
     def reduce_dims(self) -> tuple[int, ...]:

@@ -47,6 +47,7 @@ Pure (no jax import): params are read by attribute.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .body_dims import BodyDims, body_dims, inner_jaxpr, spec_axes, sub_jaxprs
@@ -168,23 +169,47 @@ def body_flops(jaxpr: Any) -> float:
     """FLOPs of one device's run of a shard_map body: 2 · |result| · |contracted| per matrix
     product, |results| per other equation; a scan's body times its length, a cond's dearest
     branch, a nested call's body."""
-    total = 0.0
+    return sum(f for _, f in _leaf_flops(jaxpr, 1.0))
+
+
+def body_flop_parts(
+    jaxpr: Any, dims_of: Callable[[Any], tuple[int, ...]]
+) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """`body_flops` in parts by the automatic dims that split them (`body_dims`): per set of
+    dims, the FLOPs of the equations whose operands and results carry exactly those. A split
+    divides only the work of the equations it splits: of a matrix product over a split
+    contracted dim, not of what reads its all-reduced result."""
+    parts: dict[tuple[int, ...], float] = {}
+    for eqn, flops in _leaf_flops(jaxpr, 1.0):
+        values = [v for v in (*eqn.invars, *eqn.outvars) if not hasattr(v, "val")]
+        key = tuple(sorted({d for v in values for d in dims_of(v)}))
+        parts[key] = parts.get(key, 0.0) + flops
+    return tuple(sorted(parts.items()))
+
+
+def _leaf_flops(jaxpr: Any, runs: float) -> list[tuple[Any, float]]:
+    """(equation, FLOPs per run of the body) of every equation with no body of its own, as
+    `body_flops` counts them."""
+    out: list[tuple[Any, float]] = []
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         subs = sub_jaxprs(eqn)
         if subs:
-            inner = [body_flops(s) for s in subs]
-            runs = eqn.params.get("length", 1) if name == "scan" else 1
-            total += runs * (max(inner) if "branches" in eqn.params else sum(inner))
+            times = runs * (eqn.params.get("length", 1) if name == "scan" else 1)
+            inner = [_leaf_flops(sub, times) for sub in subs]
+            if "branches" in eqn.params:
+                out += max(inner, key=lambda leaves: sum(f for _, f in leaves))
+            else:
+                out += [leaf for leaves in inner for leaf in leaves]
             continue
-        out = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+        size = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
         if name == "dot_general":
             (contract, _), _ = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0].aval.shape
-            total += 2.0 * out * math.prod(lhs[d] for d in contract)
+            out.append((eqn, runs * 2.0 * size * math.prod(lhs[d] for d in contract)))
         else:
-            total += out
-    return total
+            out.append((eqn, runs * float(size)))
+    return out
 
 
 def _spec_groups(specs: Any) -> list[tuple[str, ...]]:
@@ -412,6 +437,12 @@ def shard_map_rule(eqn: Equation, program: Program) -> OpSpace:
         flops=body_flops(body) * devices,
         manual=tuple((a, groups[axes]) for axes in order for a in axes),
         communication=tuple(body_communication(body, mesh_sizes, auto, first)),
+        flop_parts=()
+        if auto is None
+        else tuple(
+            (tuple(first + d for d in dims), flops * devices)
+            for dims, flops in body_flop_parts(body, auto.dims_of)
+        ),
         automatic=tuple(range(first, first + len(free))),
         automatic_axes=tuple(_automatic_names(p)) if free else (),
     )

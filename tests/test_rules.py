@@ -424,12 +424,15 @@ def test_a_differentiated_shard_map_plans_its_automatic_axis_where_dims_pass(mes
     """A hand-written tensor-parallel MLP, manual over ``model`` only (``axis_names``), ``data``
     left to the compiler, differentiated by JAX. Its batch dim reaches the residuals JAX stacks
     per device over ``model``, so ``data`` may not split it; the feature dims pass through the
-    bodies (`body_dims`), and the plan splits one of them over ``data`` in the forward and one
-    in the backward shard_map. No warning; equal to the unsharded step in float64; every
-    collective predicted as compiled, the backward body's all-reduce over ``data`` (its
-    contraction over the split dim) included. Before, both ran replicated over ``data`` with a
-    warning."""
+    bodies (`body_dims`), and with 32 rows of 1,024 features the plan splits one of them over
+    ``data`` in the forward and one in the backward shard_map. Only the equations carrying the
+    split dim divide their FLOPs (`OpSpace.flop_parts`). No warning; equal to the unsharded
+    step in float64; every collective predicted as compiled, the backward body's all-reduce
+    over ``data`` (its contraction over the split dim) included. Before, both ran replicated
+    over ``data`` with a warning."""
     from jax.sharding import PartitionSpec as P
+
+    from jaxpar.cost import node_work
 
     def mlp_body(x, w1, w2):
         return jax.lax.psum(jax.nn.relu(x @ w1) @ w2, "model")
@@ -443,8 +446,9 @@ def test_a_differentiated_shard_map_plans_its_automatic_axis_where_dims_pass(mes
 
     rs = np.random.RandomState(0)
     with jax.enable_x64(True):
-        params = {"w1": jnp.asarray(rs.randn(64, 256) / 8), "w2": jnp.asarray(rs.randn(256, 64))}
-        x, y = jnp.asarray(rs.randn(32, 64)), jnp.asarray(rs.randn(32, 64))
+        w1, w2 = rs.randn(1024, 4096) / 32, rs.randn(4096, 1024) / 64
+        params = {"w1": jnp.asarray(w1), "w2": jnp.asarray(w2)}
+        x, y = jnp.asarray(rs.randn(32, 1024)), jnp.asarray(rs.randn(32, 1024))
         sharded, check = _quiet_and_equal(mesh, step, (params, x, y), caplog)
     assert check.relative_error < 1e-9 and check.counts_ok(tolerance=0, slack=0), check.text
     found = _shard_map_nodes(sharded)
@@ -452,8 +456,11 @@ def test_a_differentiated_shard_map_plans_its_automatic_axis_where_dims_pass(mes
     for node, cfg in found:
         space = node.space
         assert dict(space.manual).keys() == {"model"} and space.automatic_axes == ("data",)
-        assert space.automatic and all(space.sizes[d] == 64 for d in space.automatic)
+        assert space.automatic and all(space.sizes[d] == 1024 for d in space.automatic)
+        assert sum(f for _, f in space.flop_parts) == pytest.approx(space.flops)
         assert cfg[0] in space.automatic  # data splits a feature dim
+        work = node_work(sharded.plan.ng, node, [cfg, (-1, *cfg[1:])], sharded.plan.params)
+        assert work.flops[1] / 2 < work.flops[0] < work.flops[1]  # a part of its work halves
     assert any(c.reason == "shard_map" and c.axes == ("data",) for c in sharded.plan.collectives)
     assert any(c.reason == "shard_map" and c.axes == ("model",) for c in sharded.plan.collectives)
 
