@@ -21,11 +21,11 @@ A shard_map that leaves mesh axes automatic inside its body (``axis_names``) is 
 over them by XLA, as any code is. Its space then has, after the manual groups' dims, the dims
 those axes may split (`OpSpace.automatic`, found by `body_dims`: the dims a split passes
 through the body untouched), and its configurations choose for each automatic axis one of them
-or none (`configs.automatic_configs`). A split divides the body's FLOPs and the bytes of the
-collectives whose results carry the split dim, and a split dim the body contracts or reduces
-ends in an all-reduce of that reduction's result over the splitting axes
-(`BodyCollective.split`). When no dim passes, the shard_map runs replicated over its automatic
-axes, with a warning naming them (`automatic_axes`).
+or none (`configs.automatic_configs`). A split divides the FLOPs of the equations carrying it
+(`body_flop_parts`) and the bytes of the collectives whose results carry it, and a split dim
+the body contracts or reduces ends in an all-reduce of that reduction's result over the
+splitting axes (`BodyCollective.split`). When no dim passes, the shard_map runs replicated over
+its automatic axes, with a warning naming them (`automatic_axes`).
 
 Planned this way only when the space can say it: each mesh axis in one group, each group on
 some result or combined over by the body's collectives, and every collective in the body one the
