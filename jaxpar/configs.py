@@ -38,16 +38,18 @@ def _valid_configs(
     choices: tuple[int, ...], sizes: tuple[int, ...], tensor_sizes: frozenset[tuple[int, int]]
 ) -> tuple[Config, ...]:
     """`enumerate_configs` of one (choices, mesh, tensor dims): layers repeat, and so do these."""
-    k = len(sizes)
-    out = []
-    for cfg in itertools.product(choices, repeat=k):
-        deg: dict[int, int] = {}
-        for a, d in enumerate(cfg):
-            if d >= 0:
-                deg[d] = deg.get(d, 1) * sizes[a]
-        if all(size % deg.get(d, 1) == 0 for size, d in tensor_sizes):
-            out.append(tuple(cfg))
-    return tuple(out)
+    product = itertools.product(choices, repeat=len(sizes))
+    return tuple(cfg for cfg in product if _divides(cfg, sizes, tensor_sizes))
+
+
+def _divides(cfg: Config, sizes: Sequence[int], tensor_sizes) -> bool:
+    """Whether every (tensor dim size, iteration dim) pair of ``tensor_sizes`` is divisible by
+    the product of the mesh axes ``cfg`` puts on that iteration dim."""
+    deg: dict[int, int] = {}
+    for a, d in enumerate(cfg):
+        if d >= 0:
+            deg[d] = deg.get(d, 1) * sizes[a]
+    return all(size % deg.get(d, 1) == 0 for size, d in tensor_sizes)
 
 
 @functools.lru_cache(maxsize=1 << 18)
@@ -140,15 +142,7 @@ def automatic_configs(
         for d, name in zip(manual, names, strict=True)
     ]
     pairs = frozenset(tensor_sizes)
-    out = []
-    for cfg in itertools.product(*options):
-        deg: dict[int, int] = {}
-        for a, d in enumerate(cfg):
-            if d >= 0:
-                deg[d] = deg.get(d, 1) * sizes[a]
-        if all(size % deg.get(d, 1) == 0 for size, d in pairs):
-            out.append(tuple(cfg))
-    return out
+    return [cfg for cfg in itertools.product(*options) if _divides(cfg, sizes, pairs)]
 
 
 def node_configs(
