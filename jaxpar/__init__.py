@@ -3,7 +3,7 @@
 Pipeline (modules in pipeline order; docs/design.md walks through them)::
 
     trace    fn + example args  -> Program (flat jaxpr, calls inlined)   trace, graph
-    rules    primitive          -> iteration space (einsum-like maps)    rules
+    rules    primitive          -> iteration space (einsum-like maps)    rules, body_dims
     nodes    Program + rules    -> planning nodes (ops + followers)      nodes, labels
     configs  node + mesh        -> configurations and layouts            configs
     cost     cluster + nodes    -> kernels, t_C, node collectives (α-β)  hardware, collectives,
@@ -21,9 +21,9 @@ Pipeline (modules in pipeline order; docs/design.md walks through them)::
     apply    Plan               -> jitted step with constraints          apply, meshes
     verify   compiled HLO       -> the collectives XLA emitted           verify
 
-The pure core (`graph`, `opspace`, `rules`, `rules_contractions`, `rules_indexing`, `nodes`,
-`labels`, `configs`, `collectives`, `reshard`, `fusion`, `kernels`, `contraction_calls`, `cost`,
-`tables`, `search`, `kcut`, `baselines`, `evaluate`, `verify`, `buffers`, `buffer_reads`,
+The pure core (`graph`, `opspace`, `rules`, `rules_contractions`, `rules_indexing`, `body_dims`,
+`nodes`, `labels`, `configs`, `collectives`, `reshard`, `fusion`, `kernels`, `contraction_calls`,
+`cost`, `tables`, `search`, `kcut`, `baselines`, `evaluate`, `verify`, `buffers`, `buffer_reads`,
 `memory_estimate`, `memory`, `budget`, `hardware`) imports no jax.
 """
 
