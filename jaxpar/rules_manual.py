@@ -94,16 +94,14 @@ def body_communication(
     With the body's ``automatic`` dims (`body_dims`; numbered from ``first`` in the node's
     space): each collective's `BodyCollective.dims`, and one all-reduce per reduction an
     automatic axis may split (`BodyCollective.split`)."""
-    found = [(c, at) for c, at, _ in _collectives(jaxpr, sizes, 1)]
+    made = _collectives(jaxpr, sizes, 1)
+    found = [(c, at) for c, at, _ in made]
     if automatic is not None:
 
         def dims(value: Any) -> tuple[int, ...]:
             return tuple(first + d for d in automatic.dims_of(value))
 
-        found = [
-            (c._replace(dims=dims(v)), at) for (c, at), (_, _, v) in
-            zip(found, _collectives(jaxpr, sizes, 1), strict=True)
-        ]  # fmt: skip
+        found = [(c._replace(dims=dims(v)), at) for c, at, v in made]
         found += [
             (BodyCollective(ALL_REDUCE, (), _nbytes([r.value]), 1, str(r.value.aval.dtype), r.op,
                             dims=dims(r.value), split=first + r.dim), r.at)
