@@ -503,6 +503,7 @@ for _name in [
     "random_split",
     "random_fold_in",
     "debug_callback",
+    "platform_index",  # lax.platform_dependent's branch index: a scalar with no operands
 ]:
     RULES[_name] = replicated_space
 

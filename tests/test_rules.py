@@ -793,6 +793,27 @@ def test_a_composite_is_planned_as_its_decomposition(mesh, caplog):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.numerics
+def test_a_platform_dependent_branch_index_plans_without_a_warning(mesh, caplog):
+    """`lax.platform_dependent` (how `jnp` code picks a Pallas kernel or a fallback) adds a
+    `platform_index` equation: a scalar with no operands, replicated by its rule, not an
+    unknown primitive with a "runs replicated" warning. The cond it selects is planned."""
+
+    def step(w, x):
+        act = lambda h: jax.lax.platform_dependent(h, cpu=jnp.tanh, default=jnp.sin)
+        g = jax.grad(lambda w: jnp.mean(act(x @ w) ** 2))(w)
+        return w - 0.1 * g
+
+    rs = np.random.RandomState(0)
+    w, x = jnp.asarray(rs.randn(32, 64) / 8), jnp.asarray(rs.randn(64, 32))
+    with caplog.at_level(logging.WARNING, logger="jaxpar"):
+        sharded = jaxpar.auto_shard(step, mesh=mesh, strategy="data")
+        out = sharded(w, x)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    assert "platform_index" in [e.primitive for e in sharded.plan.program.eqns]
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(step)(w, x)), rtol=1e-5)
+
+
 @pytest.mark.closed_form
 def test_reduce_precision_that_drops_bits_stays():
     """Only a `reduce_precision` that keeps every bit of its type is the identity: one to
