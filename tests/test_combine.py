@@ -60,16 +60,16 @@ def test_combining_merges_dependencies():
 @pytest.mark.closed_form
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlp", "gpt_small", "cnn"])
-@pytest.mark.parametrize("axes", [{"d": 8}, {"a": 2, "b": 4}, {"a": 2, "b": 2, "c": 2}])
+@pytest.mark.parametrize("axes", [{"d": 8}, {"a": 2, "b": 2, "c": 2}])
 def test_predicted_counts_match_the_compiled_program(name, axes):
     """Per collective kind, the predicted count after combining is the compiled program's
-    (within 10 % or ±1), for the auto plan, data parallelism (whose gradient all-reduces
-    XLA merges: 28 become 1 in the GPT, 39 become 11 in the CNN) and the `model` and `owt`
-    hand plans (their gathers of small tensors: no dead equations, no gathers of uniform
-    tensors)."""
+    (within 10 % or ±1) for the hand plans on one and three mesh axes: data parallelism (whose
+    gradient all-reduces XLA merges) and the `model` and `owt` plans (their gathers of small
+    tensors). test_numerics checks the same of the auto plans on every mesh and of the hand
+    plans on (2, 4), with the programs it compiles anyway."""
     ex = models.get(name, small=True)
     mesh = jaxpar.make_mesh(axes)
-    for strategy in ("auto", "data", "model", "owt"):
+    for strategy in ("data", "model", "owt"):
         step = jaxpar.auto_shard(ex.step, mesh=mesh, strategy=strategy)
         compiled = step.lower(*ex.args).compile()
         check = fidelity(step.plan.collectives, compiled)
