@@ -38,8 +38,8 @@ MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b
 # (YNNPACK's size threshold included), the transposed copies convolutions read, updates run as
 # their gradients exist, combined all-reduces run between equations with their readers after
 # them, decayed moments gathered at the step's start, and buffers placed in the allocations of
-# results not donated (docs/design.md, "Memory"). Measured on these 90 plans:
-# predicted/compiled 0.923-1.094.
+# results not donated (docs/design.md, "Memory"). Measured on these 90 plans (74 here, 16 in
+# test_numerics, which compiles them anyway): predicted/compiled 0.923-1.094.
 FIDELITY_BAND = (0.90, 1.10)
 
 
@@ -48,11 +48,29 @@ def example(name):
     return models.get(name, small=True)
 
 
+def checked_in_test_numerics(name: str, mesh: str, strategy: str, donate: bool) -> bool:
+    """Whether test_numerics checks this plan's peak against the same compiled program (its
+    `run_and_check`: the auto plan on every mesh, the data-parallel plan on (2, 4), nothing
+    donated, the same band)."""
+    return (
+        not donate
+        and name in ("mlp", "cnn", "lenet5", "gpt_small")
+        and (strategy == "auto" or (strategy, mesh) == ("data", "2x4"))
+    )
+
+
+PEAK_CASES = [
+    (name, mesh, strategy, donate)
+    for name in ("mlp", "cnn", "lenet5", "gpt_small", "llama_small")
+    for mesh in sorted(MESHES)
+    for strategy in ("auto", "data", "fsdp")
+    for donate in (False, True)
+    if not checked_in_test_numerics(name, mesh, strategy, donate)
+]
+
+
 @pytest.mark.numerics
-@pytest.mark.parametrize("donate", [False, True])
-@pytest.mark.parametrize("strategy", ["auto", "data", "fsdp"])
-@pytest.mark.parametrize("mesh", sorted(MESHES))
-@pytest.mark.parametrize("name", ["mlp", "cnn", "lenet5", "gpt_small", "llama_small"])
+@pytest.mark.parametrize(("name", "mesh", "strategy", "donate"), PEAK_CASES)
 def test_predicted_peak_against_compiled(name, mesh, strategy, donate):
     ex = example(name)
     step = jaxpar.auto_shard(
