@@ -6,9 +6,11 @@ abstract. For each depth and objective, four plans:
 
 * each version's own plan (searched);
 * the unrolled step with every argument pinned to the scanned plan's layout (a stacked
-  parameter's spec without its layer entry, for every layer), the rest searched;
+  parameter's spec without its layer entry, for every layer: ``models.scanned.unstacked_specs``),
+  the rest searched;
 * the scanned step pinned to the unrolled plan's argument layouts (only where every layer got
-  the same layout, as the tied search gives), the rest searched.
+  the same layout, as the tied search gives: ``models.scanned.stacked_specs``), the rest
+  searched.
 
 If a version's own plan is no worse than the other's layouts on its program, its search did not
 miss them, and what is left between the two columns is how the two programs price the same
@@ -21,60 +23,18 @@ layouts (collectives per stacked parameter once, or once per layer).
 import argparse
 import json
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jax
-from jax.sharding import PartitionSpec
 
 import jaxpar
-from models.scanned import scanned_config, scanned_example
+from models.scanned import scanned_config, scanned_example, stacked_specs, unstacked_specs
 
 DEPTHS = (4, 12)
 OBJECTIVES = ("time", "overlap")
 MESH = {"node": 8, "gpu": 8}
-LAYER = re.compile(r"\['block\d+'\]")
-
-
-def is_spec(x) -> bool:
-    return x is None or isinstance(x, PartitionSpec)
-
-
-def specs_by_path(plan) -> dict[str, PartitionSpec | None]:
-    leaves = jax.tree_util.tree_leaves_with_path(plan.partition_specs(), is_leaf=is_spec)
-    return {jax.tree_util.keystr(k): v for k, v in leaves}
-
-
-def unrolled_from_scanned(scanned: dict, unrolled_args: tuple):
-    """The unrolled arguments' specs: each layer's parameter takes its stack's spec, without
-    the leading layer entry."""
-
-    def spec(path, _leaf):
-        key = jax.tree_util.keystr(path)
-        stacked = LAYER.sub("['blocks']", key)
-        s = scanned[stacked]
-        return PartitionSpec(*tuple(s)[1:]) if stacked != key and s is not None else s
-
-    return jax.tree_util.tree_map_with_path(spec, unrolled_args)
-
-
-def scanned_from_unrolled(unrolled: dict, scanned_args: tuple):
-    """The scanned arguments' specs, a stack taking its layers' common spec with the layer
-    dim whole; None when the layers' layouts differ."""
-    by_stack: dict[str, set] = {}
-    for key, s in unrolled.items():
-        by_stack.setdefault(LAYER.sub("['blocks']", key), set()).add(s)
-    if any(len(v) > 1 for v in by_stack.values()):
-        return None
-
-    def spec(path, _leaf):
-        key = jax.tree_util.keystr(path)
-        (s,) = by_stack[key]
-        return PartitionSpec(None, *tuple(s)) if "['blocks']" in key and s is not None else s
-
-    return jax.tree_util.tree_map_with_path(spec, scanned_args)
 
 
 def row(plan) -> dict:
@@ -100,10 +60,10 @@ def case(layers: int, objective: str) -> dict:
     out = {"layers": layers, "objective": objective}
     out["scanned"] = row(scanned)
     out["unrolled"] = row(unrolled)
-    pins = unrolled_from_scanned(specs_by_path(scanned), exu.args)
+    pins = unstacked_specs(scanned.partition_specs(), exu.args)
     pinned = jaxpar.plan(exu.step, *exu.args, **kw, in_specs=pins)
     out["unrolled_with_scanned_layouts"] = row(pinned)
-    pins = scanned_from_unrolled(specs_by_path(unrolled), exs.args)
+    pins = stacked_specs(unrolled.partition_specs(), exs.args)
     out["scanned_with_unrolled_layouts"] = (
         None if pins is None else row(jaxpar.plan(exs.step, *exs.args, **kw, in_specs=pins))
     )

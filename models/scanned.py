@@ -6,7 +6,8 @@
   axis (``params["blocks"]``), and the step's program holds one block body;
 * ``gpt_unrolled_linen``: the same decoder with the blocks unrolled in a Python loop
   (``params["block0"]`` ...), the same shapes and math, to compare scanned against unrolled;
-  :func:`stack_layers` maps its parameters onto the scanned layout;
+  :func:`stack_layers` maps its parameters onto the scanned layout, and
+  :func:`unstacked_specs` / :func:`stacked_specs` map a plan's argument layouts between the two;
 * ``gpt_scan_nnx``: the same decoder in ``flax.nnx``: the blocks are created by ``nnx.vmap``
   over split RNG streams (stacked parameters) and applied with ``nnx.scan``; its parameter tree
   is the linen scanned one (same names and shapes);
@@ -32,6 +33,7 @@ Layer-count and batch overrides, abstract (nothing allocated)::
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from models._train import (
     Batch,
@@ -93,6 +96,48 @@ def stack_layers(
     out = {k: v for k, v in params.items() if k not in names}
     out[stacked] = jax.tree.map(lambda *xs: jnp.stack(xs), *(params[n] for n in names))
     return out
+
+
+_LAYER_KEY = re.compile(r"\['block\d+'\]")
+
+
+def _specs_by_path(specs: PyTree) -> dict[str, PartitionSpec | None]:
+    leaves = jax.tree_util.tree_leaves_with_path(
+        specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec)
+    )
+    return {jax.tree_util.keystr(k): v for k, v in leaves}
+
+
+def unstacked_specs(scanned_specs: PyTree, unrolled_args: PyTree) -> PyTree:
+    """The scanned step's argument specs (a plan's ``partition_specs()``) for the unrolled
+    step's arguments: each layer's parameter (``['block3']``) takes its stack's spec
+    (``['blocks']``) without the leading layer entry; the other leaves keep theirs."""
+    scanned = _specs_by_path(scanned_specs)
+
+    def spec(path, _leaf):
+        key = jax.tree_util.keystr(path)
+        stacked = _LAYER_KEY.sub("['blocks']", key)
+        s = scanned[stacked]
+        return PartitionSpec(*tuple(s)[1:]) if stacked != key and s is not None else s
+
+    return jax.tree_util.tree_map_with_path(spec, unrolled_args)
+
+
+def stacked_specs(unrolled_specs: PyTree, scanned_args: PyTree) -> PyTree | None:
+    """The unrolled step's argument specs for the scanned step's arguments: a stack takes its
+    layers' common spec with the layer dim whole; None when the layers' specs differ."""
+    by_stack: dict[str, set] = {}
+    for key, s in _specs_by_path(unrolled_specs).items():
+        by_stack.setdefault(_LAYER_KEY.sub("['blocks']", key), set()).add(s)
+    if any(len(v) > 1 for v in by_stack.values()):
+        return None
+
+    def spec(path, _leaf):
+        key = jax.tree_util.keystr(path)
+        (s,) = by_stack[key]
+        return PartitionSpec(None, *tuple(s)) if "['blocks']" in key and s is not None else s
+
+    return jax.tree_util.tree_map_with_path(spec, scanned_args)
 
 
 # --------------------------------------------------------------------------------------------
