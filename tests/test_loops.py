@@ -475,3 +475,6 @@ def test_scanned_and_unrolled_searches_do_not_miss_each_others_layouts():
         mine = own[ex.name].cost.overlapped_step_s
         assert mine <= other[ex.name].overlapped_step_s * (1 + 1e-9), (ex.name, other[ex.name])
     assert other[scanned.name].overlapped_step_s > scanned_plan.cost.overlapped_step_s
+    # the unrolled plan's argument layouts, priced on the two programs (the rest searched)
+    same_layouts = other[scanned.name].overlapped_step_s, unrolled_plan.cost.overlapped_step_s
+    assert abs(same_layouts[0] / same_layouts[1] - 1) > 1e-3, same_layouts
