@@ -22,44 +22,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 import jaxpar
 from jaxpar.evaluate import evaluate
+from models.kernels import megatron_mlp_step
 
 TOKENS, D, FF = 65536, 4096, 16384
 CLUSTERS = ["dgx-h100", "p100"]
-
-
-def kernel_step(mesh):
-    def fwd_body(x, w1, w2):
-        return jax.lax.psum(jax.nn.relu(x @ w1) @ w2, "model")
-
-    def bwd_body(x, w1, w2, g):
-        h = x @ w1
-        dh = (g @ w2.T) * (h > 0)
-        return jax.lax.psum(dh @ w1.T, "model"), x.T @ dh, jax.nn.relu(h).T @ g
-
-    specs = (P(), P(None, "model"), P("model", None))
-    fwd = jax.shard_map(fwd_body, mesh=mesh, in_specs=specs, out_specs=P(), axis_names={"model"})
-    bwd = jax.shard_map(
-        bwd_body, mesh=mesh, in_specs=(*specs, P()), out_specs=specs, axis_names={"model"}
-    )
-
-    @jax.custom_vjp
-    def mlp(x, w1, w2):
-        return fwd(x, w1, w2)
-
-    mlp.defvjp(lambda x, w1, w2: (fwd(x, w1, w2), (x, w1, w2)), lambda res, g: bwd(*res, g))
-
-    def step(params, x, y):
-        def loss(p):
-            return ((mlp(x, p["w1"], p["w2"]) - y).astype(jnp.float32) ** 2).mean()
-
-        grad = jax.grad(loss)(params)
-        return jax.tree.map(lambda a, b: a - 0.1 * b, params, grad)
-
-    return step
 
 
 def main() -> None:
@@ -68,7 +37,7 @@ def main() -> None:
     parser.add_argument("--md", default=None)
     args = parser.parse_args()
     mesh = jaxpar.make_mesh({"data": 2, "model": 4})
-    step = kernel_step(mesh)
+    step = megatron_mlp_step(mesh)
     params = {
         "w1": jax.ShapeDtypeStruct((D, FF), jnp.bfloat16),
         "w2": jax.ShapeDtypeStruct((FF, D), jnp.bfloat16),

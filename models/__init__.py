@@ -62,6 +62,11 @@ Their layer count and batch: ``models.scanned.scanned_example(name,
 models.scanned.scanned_config(name, layers=64, batch=8))``.  A scanned Llama:
 ``models.llama.llama_example(name, models.llama.llama_config(name, scan_layers=True))``.
 
+``models/kernels.py`` holds hand-written kernels as production JAX writes them, not registered
+as examples: ``megatron_mlp_step(mesh)``, a custom VJP whose forward and backward are
+shard_maps manual over ``model`` (MaxText's pattern), used by the shard_map tests and
+``bench/shard_map_auto.py``.
+
 Usage::
 
     import models

@@ -473,36 +473,11 @@ def test_a_hand_written_kernel_splits_its_batch_over_the_automatic_axis(mesh, ca
     weight-gradient contractions over the split batch end in all-reduces over ``data``, which
     XLA combines into one, as predicted. Each body's work per device halves. Equal to the
     unsharded step in float64."""
-    from jax.sharding import PartitionSpec as P
-
     from jaxpar.cost import node_work
-
-    def fwd_body(x, w1, w2):
-        return jax.lax.psum(jax.nn.relu(x @ w1) @ w2, "model")
-
-    def bwd_body(x, w1, w2, g):
-        h = x @ w1
-        dh = (g @ w2.T) * (h > 0)
-        return jax.lax.psum(dh @ w1.T, "model"), x.T @ dh, jax.nn.relu(h).T @ g
-
-    specs = (P(), P(None, "model"), P("model", None))
-    fwd = jax.shard_map(fwd_body, mesh=mesh, in_specs=specs, out_specs=P(), axis_names={"model"})
-    bwd = jax.shard_map(
-        bwd_body, mesh=mesh, in_specs=(*specs, P()), out_specs=specs, axis_names={"model"}
-    )
-
-    @jax.custom_vjp
-    def mlp(x, w1, w2):
-        return fwd(x, w1, w2)
-
-    mlp.defvjp(lambda x, w1, w2: (fwd(x, w1, w2), (x, w1, w2)), lambda res, g: bwd(*res, g))
-
-    def step(params, x, y):
-        grad = jax.grad(lambda p: ((mlp(x, p["w1"], p["w2"]) - y) ** 2).mean())(params)
-        return jax.tree.map(lambda a, b: a - 0.1 * b, params, grad)
-
     from jaxpar.verify import fidelity
+    from models.kernels import megatron_mlp_step
 
+    step = megatron_mlp_step(mesh)
     rs = np.random.RandomState(0)
     with jax.enable_x64(True):
         params = {
