@@ -7,6 +7,9 @@ import numpy as np
 
 from jaxpar.verify import fidelity
 
+# XLA:CPU's LLVM code generation at -O0 for the suite and the processes it starts (conftest.py)
+FAST_CODEGEN = "--xla_backend_optimization_level=0"
+
 
 def leaf_errors(out, ref):
     """Per-leaf ||out - ref|| / ||ref|| (float64), with the leaf paths.

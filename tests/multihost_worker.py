@@ -39,7 +39,8 @@ def main() -> None:
     nproc, me = args.num_processes, args.process_id
     per_process = args.devices or 8 // nproc
 
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={per_process}"
+    devices = f"--xla_force_host_platform_device_count={per_process}"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {devices}".strip()
     sys.path.insert(0, ROOT)  # `models`, `jaxpar` from this checkout
     import jax
 

@@ -10,13 +10,14 @@ import subprocess
 import sys
 
 import pytest
+from helpers import FAST_CODEGEN
 
 pytestmark = [pytest.mark.api, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def demo_output() -> str:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the demo sets its devices
+    env = {**os.environ, "XLA_FLAGS": FAST_CODEGEN}  # the demo sets its devices
     out = subprocess.run(
         [sys.executable, "-m", "jaxpar", "demo", "--steps", "2"],
         capture_output=True, text=True, timeout=600, env=env, check=True,

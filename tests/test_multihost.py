@@ -20,6 +20,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from helpers import FAST_CODEGEN
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxpar
@@ -52,6 +53,7 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("multihost")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
     env.update(
+        XLA_FLAGS=FAST_CODEGEN,  # code generation only (conftest.py); the worker adds its devices
         PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
         JAXPAR_PLAN_CHECK_TIMEOUT_S=str(CHECK_TIMEOUT_S),
     )

@@ -8,8 +8,10 @@ Bash blocks: each logical command line (``\\`` continuations joined, blank and c
 dropped; trailing ``# ...`` comments are left to bash) runs with ``bash -e -c`` in a fresh
 temporary directory, so the files a block writes (``--json vgg16.json --plot vgg16.png``) land
 there; this interpreter's ``bin`` directory comes first on PATH (``jaxpar``, ``python``) and the
-repository root is on PYTHONPATH. As a user would type them, no XLA_FLAGS are passed (the CLI
-sets up its own simulated devices); ``JAX_PLATFORMS=cpu`` keeps them off any accelerator. The
+repository root is on PYTHONPATH. As a user would type them, no device flags are passed (the CLI
+sets up its own simulated devices); ``JAX_PLATFORMS=cpu`` keeps them off any accelerator. Both
+kinds of block get the suite's ``XLA_FLAGS=--xla_backend_optimization_level=0``
+(`helpers.FAST_CODEGEN`), which changes only XLA:CPU's machine code. The
 lines of a block run in order and the first failure fails the block.
 
 Setup and test commands are not re-run:
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from helpers import FAST_CODEGEN
 
 pytestmark = [pytest.mark.api, pytest.mark.slow]
 
@@ -149,9 +152,9 @@ RUNNABLE = [b for b in BLOCKS if b.lang in RUN_LANGS]
 
 def _env(*, simulated_devices: bool) -> dict[str, str]:
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = FAST_CODEGEN  # code generation only (conftest.py)
     if simulated_devices:
-        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
     env["JAX_PLATFORMS"] = "cpu"
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
