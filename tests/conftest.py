@@ -6,7 +6,9 @@ compile less, neither of which changes what the tests check (docs/design.md, "Te
   partitioning, the collective combiners, buffer assignment, ``memory_analysis()``); compiles
   take about half as long. Subprocesses the tests start inherit it.
 * One persistent compilation cache per run, shared by the xdist workers: a program two workers
-  (or two tests) compile alike is compiled once. It starts empty and is removed at the end.
+  (or two tests) compile alike is compiled once. It starts empty and is removed at the end. A
+  size limit makes JAX lock it (``filelock``) around every read and write, so no worker reads an
+  entry another is still writing.
 """
 
 import os
@@ -29,6 +31,7 @@ def pytest_configure(config):
         os.environ[CACHE_VAR] = tempfile.mkdtemp(prefix="jaxpar-tests-xla-cache-")
     jax.config.update("jax_compilation_cache_dir", os.environ[CACHE_VAR])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_compilation_cache_max_size", 8 * 2**30)  # far above what a run writes
 
 
 def pytest_unconfigure(config):
