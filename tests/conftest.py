@@ -11,6 +11,7 @@ compile less, neither of which changes what the tests check (docs/design.md, "Te
   entry another is still writing.
 """
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -27,6 +28,8 @@ CACHE_VAR = "JAXPAR_TEST_COMPILATION_CACHE"
 
 
 def pytest_configure(config):
+    if importlib.util.find_spec("filelock") is None:
+        return  # installed without the test extra: no shared cache, each process compiles
     if not hasattr(config, "workerinput"):  # the run's own process: workers inherit the folder
         os.environ[CACHE_VAR] = tempfile.mkdtemp(prefix="jaxpar-tests-xla-cache-")
     jax.config.update("jax_compilation_cache_dir", os.environ[CACHE_VAR])
@@ -35,5 +38,5 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    if not hasattr(config, "workerinput"):
+    if not hasattr(config, "workerinput") and CACHE_VAR in os.environ:
         shutil.rmtree(os.environ.pop(CACHE_VAR), ignore_errors=True)
