@@ -4,7 +4,7 @@ compile less, neither of which changes what the tests check (docs/design.md, "Te
 * XLA:CPU's LLVM code generation runs at -O0 (``--xla_backend_optimization_level=0``). It only
   changes the machine code of each kernel, not the HLO passes the tests check (SPMD
   partitioning, the collective combiners, buffer assignment, ``memory_analysis()``); compiles
-  take about half as long. Subprocesses the tests start inherit it.
+  take about half as long. The processes the tests start get it too (`helpers.FAST_CODEGEN`).
 * One persistent compilation cache per run, shared by the xdist workers: a program two workers
   (or two tests) compile alike is compiled once. It starts empty and is removed at the end. A
   size limit makes JAX lock it (``filelock``) around every read and write, so no worker reads an

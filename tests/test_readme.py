@@ -9,10 +9,11 @@ dropped; trailing ``# ...`` comments are left to bash) runs with ``bash -e -c`` 
 temporary directory, so the files a block writes (``--json vgg16.json --plot vgg16.png``) land
 there; this interpreter's ``bin`` directory comes first on PATH (``jaxpar``, ``python``) and the
 repository root is on PYTHONPATH. As a user would type them, no device flags are passed (the CLI
-sets up its own simulated devices); ``JAX_PLATFORMS=cpu`` keeps them off any accelerator. Both
-kinds of block get the suite's ``XLA_FLAGS=--xla_backend_optimization_level=0``
-(`helpers.FAST_CODEGEN`), which changes only XLA:CPU's machine code. The
+sets up its own simulated devices); ``JAX_PLATFORMS=cpu`` keeps them off any accelerator. The
 lines of a block run in order and the first failure fails the block.
+
+Both kinds of block get the suite's ``XLA_FLAGS=--xla_backend_optimization_level=0``
+(`helpers.FAST_CODEGEN`, conftest.py), which changes only XLA:CPU's machine code.
 
 Setup and test commands are not re-run:
 
