@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .graph import UPDATE, layer_from_param_path, param_labels
-from .nodes import NodeGraph
+from .graph import UPDATE, Program, layer_from_param_path, param_labels
+from .nodes import Node, NodeGraph
 from .rules import CONTRACTIONS
 
 
@@ -69,8 +69,9 @@ def node_labels(ng: NodeGraph) -> list[str]:
     """Layer label per node.
 
     From the name stack where it names modules (linen). Contractions without one (Flax NNX
-    records only ``jvp()``) are labelled by the parameter path feeding them. Input nodes take the
-    label of their first labelled reader.
+    records only ``jvp()``) are labelled by the parameter path feeding them. Optimizer nodes take
+    the label of the parameter or gradient they update; input nodes and remat's barriers that of
+    their first labelled reader; optimizer state that of the parameter whose path it ends with.
     """
     labels = [n.label for n in ng.nodes]
     origin = param_labels(ng.program)
@@ -117,14 +118,23 @@ def node_labels(ng: NodeGraph) -> list[str]:
             found = next((labels[u] for u in sorted(near) if labels[u]), "")
             if found:
                 labels[v], changed = found, True
+    # Input nodes, and the barriers jax puts before a rematerialized layer (named for the
+    # stack around it), take the label of their first labelled reader in program order. A
+    # parameter's node also holds its cast to the compute dtype, so the readers of all its
+    # tensors count: without them a bf16 model's weights had no layer, and their copies in
+    # repeated layers were not tied.
     for node in ng.nodes:
-        if node.anchor >= 0 or labels[node.index]:
+        if not _is_barrier(program, node) and (node.anchor >= 0 or labels[node.index]):
             continue
-        for e in consumers.get(node.invar, []):
-            reader = ng.nodes[ng.node_of_eqn[e]]
-            if labels[reader.index]:
-                labels[node.index] = labels[reader.index]
-                break
+        readers = sorted(
+            e
+            for t in node.tensor_maps
+            for e in consumers.get(t, [])
+            if ng.node_of_eqn[e] != node.index
+        )
+        found = next((labels[r] for e in readers if labels[r := ng.node_of_eqn[e]]), "")
+        if found:
+            labels[node.index] = found
     # Optimizer state (momentum, Adam moments) mirrors the parameter tree: a state leaf whose
     # path ends like a labelled parameter's belongs to that parameter's layer.
     paths = dict(zip(program.invars, program.invar_paths, strict=True))
@@ -152,3 +162,10 @@ def layer_kinds(ng: NodeGraph) -> dict[str, str]:
         elif prim in CONTRACTIONS and kinds.get(node.label) != "conv":
             kinds[node.label] = "dense"
     return kinds
+
+
+def _is_barrier(program: Program, node: Node) -> bool:
+    """Whether ``node`` is only the `optimization_barrier` before a rematerialized call."""
+    return all(
+        m.eqn >= 0 and program.eqns[m.eqn].primitive == "optimization_barrier" for m in node.members
+    )
