@@ -1,6 +1,10 @@
-"""Shared checks: numerical equivalence, plan-vs-HLO fidelity, and that a model trains."""
+"""Shared checks: numerical equivalence, plan-vs-HLO fidelity, and that a model trains; the
+environment README blocks run in."""
 
 import itertools
+import os
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -9,6 +13,24 @@ from jaxpar.verify import fidelity
 
 # XLA:CPU's LLVM code generation at -O0 for the suite and the processes it starts (conftest.py)
 FAST_CODEGEN = "--xla_backend_optimization_level=0"
+
+ROOT = Path(__file__).resolve().parent.parent
+# The README's setup command runs this after installing. test_demo runs it as test_readme
+# runs a bash line (`readme_env`, a fresh directory) and checks what it prints; test_readme
+# skips it rather than run the demo twice.
+README_DEMO = "jaxpar demo"
+
+
+def readme_env(*, simulated_devices: bool) -> dict[str, str]:
+    """The environment of a README block's process (test_readme.py's docstring)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = FAST_CODEGEN  # code generation only (conftest.py)
+    if simulated_devices:
+        env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
 
 
 def leaf_errors(out, ref):

@@ -1,34 +1,40 @@
-"""`jaxpar demo` end to end (docs/design.md, "Test tiers": api): part 1 trains a plan that really
-shards and passes its fidelity check; part 2 prints time and memory for auto and three hand
-plans."""
+"""`jaxpar demo` end to end (docs/design.md, "Test tiers": api), as the README's setup command
+runs it: part 1 trains a plan that really shards and passes its fidelity check; part 2 prints
+time and memory for auto and three hand plans.
+
+The command runs as test_readme.py runs a README bash line (`helpers.readme_env`, a fresh
+directory); test_readme skips that line, so the demo runs once in the suite."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 
 import pytest
-from helpers import FAST_CODEGEN
+from helpers import README_DEMO, ROOT, readme_env
 
 pytestmark = [pytest.mark.api, pytest.mark.slow]
 
+DEMO_STEPS = 3  # the demo's default (`jaxpar demo --steps`)
+
 
 @pytest.fixture(scope="module")
-def demo_output() -> str:
-    env = {**os.environ, "XLA_FLAGS": FAST_CODEGEN}  # the demo sets its devices
+def demo_output(tmp_path_factory) -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"pip install -e . && {README_DEMO}\n" in readme, "the README's setup command changed"
     out = subprocess.run(
-        [sys.executable, "-m", "jaxpar", "demo", "--steps", "2"],
-        capture_output=True, text=True, timeout=600, env=env, check=True,
+        ["bash", "-e", "-c", README_DEMO],
+        cwd=tmp_path_factory.mktemp("demo"), env=readme_env(simulated_devices=False),
+        capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
+    assert out.returncode == 0, f"$ {README_DEMO}\n{out.stdout[-6000:]}\n{out.stderr[-6000:]}"
     return out.stdout
 
 
 def test_small_part_shards_and_matches_the_compiled_program(demo_output):
     part1 = demo_output.split("== 2.")[0]
     losses = re.findall(r"loss ([\d.]+)\s+unsharded ([\d.]+)", part1)
-    assert len(losses) == 2
+    assert len(losses) == DEMO_STEPS
     for sharded, unsharded in losses:
         assert abs(float(sharded) - float(unsharded)) < 1e-4
     compiled = {

@@ -24,6 +24,9 @@ Setup and test commands are not re-run:
   would recurse into the suite), and ``JAXPAR_UPDATE_GOLDENS=1 python -m pytest ...``
   rewrites ``tests/goldens``. Any command that sets ``JAXPAR_UPDATE_GOLDENS`` is skipped for
   the same reason.
+* ``jaxpar demo`` (`helpers.README_DEMO`) runs once, in test_demo.py: that test runs the line
+  as written, in the environment and kind of directory given here (`helpers.readme_env`), and
+  checks what it prints.
 
 Blocks without a language tag (the pipeline diagram) are not code and are not run. Test ids
 name the block: its index among all fenced blocks of README.md, its language and first line.
@@ -32,7 +35,6 @@ name the block: its index among all fenced blocks of README.md, its language and
 from __future__ import annotations
 
 import itertools
-import os
 import re
 import shlex
 import subprocess
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import FAST_CODEGEN
+from helpers import README_DEMO, readme_env
 
 pytestmark = [pytest.mark.api, pytest.mark.slow]
 
@@ -139,6 +141,8 @@ def shell_command(line: str) -> tuple[str | None, str]:
         return None, "rewrites the golden plans"
     if _runs_pytest(words):
         return None, "runs pytest (the README's test command, run by CI as written)"
+    if command == README_DEMO:
+        return None, "test_demo.py runs it as written and checks what it prints"
     return command, ""
 
 
@@ -149,17 +153,6 @@ def _block_id(block: Block) -> str:
 
 BLOCKS = fenced_blocks(README.read_text(encoding="utf-8"))
 RUNNABLE = [b for b in BLOCKS if b.lang in RUN_LANGS]
-
-
-def _env(*, simulated_devices: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = FAST_CODEGEN  # code generation only (conftest.py)
-    if simulated_devices:
-        env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
 
 
 def _tail(text: str, n: int = 6000) -> str:
@@ -184,7 +177,8 @@ def test_command_rules():
         "a --b c  # note",
         "d",
     ]
-    assert shell_command("pip install -e . && jaxpar demo") == ("jaxpar demo", "")
+    assert shell_command("pip install -e . && jaxpar plan vgg16") == ("jaxpar plan vgg16", "")
+    assert shell_command("pip install -e . && jaxpar demo")[0] is None  # test_demo runs it
     assert shell_command('pip install -e ".[test]"')[0] is None
     assert shell_command('pip install -e ".[test]" && python -m pytest')[0] is None
     assert shell_command("JAXPAR_UPDATE_GOLDENS=1 python -m pytest tests/x.py")[0] is None
@@ -197,7 +191,7 @@ def test_readme_block_runs(block: Block, tmp_path: Path):
         proc = subprocess.run(
             [sys.executable, "-c", block.code],
             cwd=ROOT,
-            env=_env(simulated_devices=True),
+            env=readme_env(simulated_devices=True),
             capture_output=True,
             text=True,
             timeout=TIMEOUT_S,
@@ -214,7 +208,7 @@ def test_readme_block_runs(block: Block, tmp_path: Path):
         proc = subprocess.run(
             ["bash", "-e", "-c", command],
             cwd=tmp_path,
-            env=_env(simulated_devices=False),
+            env=readme_env(simulated_devices=False),
             capture_output=True,
             text=True,
             timeout=TIMEOUT_S,
