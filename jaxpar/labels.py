@@ -124,7 +124,7 @@ def node_labels(ng: NodeGraph) -> list[str]:
     # tensors count: without them a bf16 model's weights had no layer, and their copies in
     # repeated layers were not tied.
     for node in ng.nodes:
-        if not _is_barrier(program, node) and (node.anchor >= 0 or labels[node.index]):
+        if (node.anchor >= 0 or labels[node.index]) and not _is_barrier(program, node):
             continue
         readers = sorted(
             e

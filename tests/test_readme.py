@@ -43,11 +43,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import README_DEMO, readme_env
+from helpers import README_DEMO, ROOT, readme_env
 
 pytestmark = [pytest.mark.api, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 TIMEOUT_S = 600
 RUN_LANGS = ("python", "bash")
