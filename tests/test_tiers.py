@@ -4,32 +4,23 @@ The tiers are registered in pyproject.toml ([tool.pytest.ini_options] markers) n
 which is added to a tier, never instead of one.
 """
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.api
 
-ROOT = Path(__file__).resolve().parent.parent
 TIERS = ("oracle", "closed_form", "golden", "numerics", "api")
 
 
-def test_every_test_has_a_tier(pytestconfig):
+def test_every_test_has_a_tier(pytestconfig, request):
+    """Of the tests this run collected (every test on a whole run, each xdist worker included),
+    none lacks a tier marker."""
     registered = {line.split(":", 1)[0].strip() for line in pytestconfig.getini("markers")}
     assert {*TIERS, "slow"} <= registered, sorted(registered)
-    untiered = "not (" + " or ".join(TIERS) + ")"
-    argv = ["-p", "no:cacheprovider", "--collect-only", "-q", "-m", untiered, "tests"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    # exit status 5: nothing left once every tier is deselected
-    assert proc.returncode == 5, (
-        f"tests without a tier marker (add one of {TIERS}):\n{proc.stdout}\n{proc.stderr}"
+    untiered = [
+        item.nodeid
+        for item in request.session.items
+        if not any(item.get_closest_marker(tier) for tier in TIERS)
+    ]
+    assert request.session.items and not untiered, (
+        f"tests without a tier marker (add one of {TIERS}):\n" + "\n".join(untiered)
     )
