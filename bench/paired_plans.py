@@ -3,8 +3,10 @@
 This machine's speed drifts by 3x from day to day and by tens of percent within minutes, so a
 revision's planning time means little next to another day's. Paired runs compare two revisions
 in the same minutes: for each case, ``--pairs`` times, the older revision (a checkout given by
-``--before``) plans in a fresh process, then this one. Cases are unrolled Llama models with
-per-block remat on dgx-h100 meshes, the auto plan with the default objective.
+``--before``) plans in a fresh process, then this one. Cases are Llama models with per-block
+remat on dgx-h100 meshes, the auto plan with the default objective: unrolled, or scanned where
+the model's name ends in ``:scan`` (``--case llama3_8b:scan pod=2,node=4,nvl=2,gpu=4``;
+default: `CASES`).
 
     git worktree add /tmp/before REV
     python bench/paired_plans.py --before /tmp/before \
@@ -35,13 +37,16 @@ def one(root: str, model: str, mesh_text: str) -> None:
     if not jaxpar.__file__.startswith(os.path.abspath(root)):
         raise SystemExit(f"imported {jaxpar.__file__}, not the revision in {root}")
     mesh = {k: int(v) for k, v in (kv.split("=") for kv in mesh_text.split(","))}
-    ex = llama_example(model, llama_config(model, remat=True, scan_layers=False))
+    name, _, variant = model.partition(":")
+    ex = llama_example(name, llama_config(name, remat=True, scan_layers=variant == "scan"))
     t0 = time.perf_counter()
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="dgx-h100")
     wall = time.perf_counter() - t0
     row = {"model": model, "mesh": mesh_text, "wall_s": wall}
     row.update({k: plan.stats[k] for k in STAGES})
-    row.update(step_s=plan.cost.step_for(plan.objective), tied_nodes=plan.stats["tied_nodes"])
+    row.update(
+        step_s=plan.cost.step_for(plan.objective), tied_nodes=plan.stats.get("tied_nodes", 0)
+    )
     print(json.dumps(row))
 
 
@@ -85,6 +90,9 @@ def main() -> None:
     parser.add_argument("--one", nargs=3, metavar=("ROOT", "MODEL", "MESH"))
     parser.add_argument("--before", help="a checkout of the older revision")
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument(
+        "--case", nargs=2, action="append", metavar=("MODEL", "MESH"), help="repeatable"
+    )
     parser.add_argument("--json")
     parser.add_argument("--md")
     args = parser.parse_args()
@@ -94,7 +102,7 @@ def main() -> None:
     if not args.before:
         parser.error("give --before DIR (a checkout of the older revision)")
     rows = []
-    for model, mesh in CASES:
+    for model, mesh in args.case or CASES:
         for _ in range(args.pairs):
             for rev, root in (("before", args.before), ("after", HERE)):
                 row = run(root, model, mesh) | {"revision": rev}

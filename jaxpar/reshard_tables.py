@@ -125,13 +125,15 @@ def _walk_batch(
     mesh: MeshAxes,
     comm: bool,
     held: np.ndarray,
-    gathers_free: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """`_walk_linear` of many pairs of coded layouts at once (`LinearTables.codes`), in numpy:
     the same walk, step by step, each pair's α and β terms summed in its path's order (so the
     floats are those of `_walk_linear`). Each dim's axes are held as one integer, axis + 1 per
     base-(k + 1) digit, first axis lowest. ``held``: per pair, the product of the sizes of axes
-    split in the tensor besides the coded ones, which the walk never moves (`_canonical`)."""
+    split in the tensor besides the coded ones, which the walk never moves (`_canonical`).
+
+    Returns (fixed, per_byte) twice: without and with ``gathers_free``. The path does not
+    depend on it (only what its steps are charged), so one walk prices both."""
     sizes = np.asarray(mesh.sizes, dtype=np.int64)
     latency = np.asarray(mesh.latency, dtype=np.float64)
     bandwidth = np.asarray(mesh.bandwidth, dtype=np.float64)
@@ -157,17 +159,21 @@ def _walk_batch(
             if is_src:
                 used[idx] |= 1 << a
                 prod[idx] *= sizes[a]
+    out_free_fixed, out_free_per = np.zeros(total), np.zeros(total)
     fixed, per_byte = np.zeros(total), np.zeros(total)
+    free_fixed, free_per = np.zeros(total), np.zeros(total)  # with ``gathers_free``
     ids = np.arange(total)
     for _ in range(4 * k + 2):
         done = (cc == tc).all(axis=1)
         if done.any():
             out_fixed[ids[done]], out_per[ids[done]] = fixed[done], per_byte[done]
+            out_free_fixed[ids[done]], out_free_per[ids[done]] = free_fixed[done], free_per[done]
             keep = ~done
             cc, tc, lc, lt = cc[keep], tc[keep], lc[keep], lt[keep]
             used, prod, fixed, per_byte, ids = (
                 used[keep], prod[keep], fixed[keep], per_byte[keep], ids[keep]
             )  # fmt: skip
+            free_fixed, free_per = free_fixed[keep], free_per[keep]
         if not len(ids):
             break
         progressed = np.zeros(len(ids), dtype=bool)
@@ -190,7 +196,7 @@ def _walk_batch(
                 used[idx] |= np.left_shift(1, a)
                 prod[idx] *= sizes[a]
                 progressed[idx] = True
-                if local and not gathers_free:
+                if local:  # not charged with ``gathers_free``
                     big = idx[sizes[a] > 1]
                     fixed[big] = fixed[big] + (0.0 + mesh.kernel_overhead)
                     per_byte[big] = per_byte[big] + (0.0 + 2 * (1 / prod[big]) / mesh.mem_bandwidth)
@@ -230,22 +236,34 @@ def _walk_batch(
         i3, a3 = mv[~moved], a[~moved]
         used[i3] &= ~np.left_shift(1, a3)
         prod[i3] //= sizes[a3]
-        charged = (n > 1) & moved if gathers_free else n > 1
+        charged = n > 1
         nbytes = np.where(charged, (n - 1) / n * (1 / prod[mv]), 0.0)
+        f = latency[a] * np.where(charged, n - 1, 0)
+        b = nbytes / bandwidth[a]
+        if local and not comm:  # layout copies around a priced collective on a dim past the first
+            copied = charged & (chosen > 0)
+            f = np.where(copied, f + 2 * mesh.kernel_overhead, f)
+            b = np.where(copied, b + (2 * before + 2 * (1 / prod[mv])) / mesh.mem_bandwidth, b)
         if comm:
             per_byte[mv] = per_byte[mv] + nbytes
         else:
-            f = latency[a] * np.where(charged, n - 1, 0)
-            b = nbytes / bandwidth[a]
-            if local:  # layout copies around a priced collective on a dim past the first
-                copied = charged & (chosen > 0)
-                f = np.where(copied, f + 2 * mesh.kernel_overhead, f)
-                b = np.where(copied, b + (2 * before + 2 * (1 / prod[mv])) / mesh.mem_bandwidth, b)
             fixed[mv] = fixed[mv] + f
             per_byte[mv] = per_byte[mv] + b
+        # with free gathers only the all-to-alls are charged, the same terms (adding nothing
+        # to the other pairs leaves their floats as they are)
+        alltoall = np.nonzero(charged & moved)[0]
+        if len(alltoall):
+            i = mv[alltoall]
+            if comm:
+                free_per[i] = free_per[i] + nbytes[alltoall]
+            else:
+                free_fixed[i] = free_fixed[i] + f[alltoall]
+                free_per[i] = free_per[i] + b[alltoall]
     if len(ids):
         raise AssertionError("reshard_path did not converge")
-    return (np.zeros(total) if comm else out_fixed), out_per
+    if comm:
+        out_fixed, out_free_fixed = np.zeros(total), np.zeros(total)
+    return (out_fixed, out_per), (out_free_fixed, out_free_per)
 
 
 def _canonical(
@@ -297,6 +315,16 @@ def _mask_tables(rank: int, sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndar
     return weight, held
 
 
+class Walked:
+    """`_walk_batch` of every canonical pair walked so far on one mesh (`_canonical`, keyed as
+    `LinearTables._walk_canonical` keys them): sorted keys, and per key (fixed, per_byte) with
+    gathers charged, then (fixed, per_byte) with them free (one walk prices both)."""
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, dtype=np.int64)
+        self.values = np.zeros((4, 0))
+
+
 class LinearTables:
     """`reshard_linear` of every pair of layouts of one mesh, as dense arrays per rank.
 
@@ -308,15 +336,22 @@ class LinearTables:
     uniform tensor's paths).
     """
 
-    def __init__(self, mesh: MeshAxes, objective: str, gathers_free: bool = False):
+    def __init__(
+        self,
+        mesh: MeshAxes,
+        objective: str,
+        gathers_free: bool = False,
+        walked: Walked | None = None,
+    ):
         self.mesh, self.comm, self.gathers_free = mesh, objective == "comm", gathers_free
         self.sizes = tuple(mesh.sizes)
         self.dense: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        # walks of canonical pairs (`_canonical`), shared by every rank: sorted keys, values
+        # walks of canonical pairs (`_canonical`), shared by every rank, and by the table of
+        # the other ``gathers_free`` (`linear_tables`)
+        self.walked = Walked() if walked is None else walked
         self.unit = 1  # dims per axis in a key: every rank a dense table can have, + 1
         while self.sizes and (self.unit + 1) ** len(self.sizes) <= DENSE_LAYOUTS:
             self.unit += 1
-        self.walked = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
 
     def codes(self, specs: list[Spec], kept: list[int]) -> np.ndarray | None:
         """Each layout's code over the ``kept`` dims, or None when one is not codable."""
@@ -359,23 +394,21 @@ class LinearTables:
             key = key * unit * unit + (cs // base**a % base) * unit + cd // base**a % base
         key = key * (math.prod(self.sizes) + 1) + held
         uniq, first, back = np.unique(key, return_index=True, return_inverse=True)
-        keys, fixed, per_byte = self.walked
+        keys, values = self.walked.keys, self.walked.values
+        v = 2 if self.gathers_free else 0  # this table's rows of ``values``
         at = np.minimum(np.searchsorted(keys, uniq), max(len(keys) - 1, 0))
         hit = keys[at] == uniq if len(keys) else np.zeros(len(uniq), dtype=bool)
         f, b = np.empty(len(uniq)), np.empty(len(uniq))
-        f[hit], b[hit] = fixed[at[hit]], per_byte[at[hit]]
+        f[hit], b[hit] = values[v, at[hit]], values[v + 1, at[hit]]
         new = first[~hit]
         if len(new):
-            f[~hit], b[~hit] = _walk_batch(
-                cs[new], cd[new], r, self.mesh, self.comm, held[new], self.gathers_free
-            )
+            plain, free = _walk_batch(cs[new], cd[new], r, self.mesh, self.comm, held[new])
+            walked = np.stack([*plain, *free])
+            f[~hit], b[~hit] = walked[v], walked[v + 1]
             merged = np.concatenate([keys, uniq[~hit]])
             order = np.argsort(merged, kind="stable")
-            self.walked = (
-                merged[order],
-                np.concatenate([fixed, f[~hit]])[order],
-                np.concatenate([per_byte, b[~hit]])[order],
-            )
+            self.walked.keys = merged[order]
+            self.walked.values = np.concatenate([values, walked], axis=1)[:, order]
         back = back.reshape(-1)
         return f[back], b[back]
 
@@ -423,5 +456,10 @@ class LinearTables:
 @functools.lru_cache(maxsize=8)
 def linear_tables(mesh: MeshAxes, objective: str, gathers_free: bool = False) -> LinearTables:
     """The `LinearTables` of a mesh (kept across planning runs, like `reshard_linear`'s cache);
-    ``gathers_free``: the uniform tensors' tables."""
-    return LinearTables(mesh, objective, gathers_free)
+    ``gathers_free``: the uniform tensors' tables. The two share their walks (`Walked`)."""
+    return LinearTables(mesh, objective, gathers_free, _walked(mesh, objective))
+
+
+@functools.lru_cache(maxsize=8)
+def _walked(mesh: MeshAxes, objective: str) -> Walked:
+    return Walked()

@@ -46,7 +46,8 @@ def _mesh4():
 def test_walk_matches_reshard_path_exactly(objective, gathers_free):
     """`_walk_linear` (no Step objects) and `_walk_batch` (numpy, many pairs) give the very
     floats of `_reshard_linear`, also for layouts not in mesh order and on size-1 axes; with
-    ``gathers_free``, those of a uniform tensor's paths (its all-to-alls only)."""
+    ``gathers_free``, those of a uniform tensor's paths (its all-to-alls only: `_walk_batch`
+    prices both from one walk)."""
     import numpy as np
 
     from jaxpar.reshard_tables import LinearTables, _walk_batch, _walk_linear
@@ -71,7 +72,8 @@ def test_walk_matches_reshard_path_exactly(objective, gathers_free):
             s = np.array([rng.randrange(n) for _ in range(3000)])
             t = np.array([rng.randrange(n) for _ in range(3000)])
             ones = np.ones(len(s), dtype=np.int64)
-            fixed, per_byte = _walk_batch(s, t, rank, mesh, comm, ones, gathers_free)
+            plain, free = _walk_batch(s, t, rank, mesh, comm, ones)  # one walk, both prices
+            fixed, per_byte = free if gathers_free else plain
             for i in range(len(s)):
                 a, b = table._layout(int(s[i]), rank), table._layout(int(t[i]), rank)
                 want = _reshard_linear(a, b, mesh, objective, gathers_free)
@@ -84,14 +86,17 @@ def test_walk_matches_reshard_path_exactly(objective, gathers_free):
 def test_dense_reshard_patterns_equal_pair_by_pair(objective, gathers_free):
     """`LinearTables.pattern` (dense per-rank tables; pairs reduced by `_canonical` and walked
     in one batch) equals `reshard_linear` of every pair of a node's layouts, bit for bit (also
-    with ``gathers_free``)."""
+    with ``gathers_free``), when the table of the other ``gathers_free`` has walked the pairs
+    first and this one reads its walks (`Walked`, as `linear_tables` shares them)."""
     import itertools
 
     from jaxpar.configs import spec_of
-    from jaxpar.reshard_tables import WALK_BATCH, LinearTables
+    from jaxpar.reshard_tables import WALK_BATCH, LinearTables, Walked
 
     mesh = _mesh4()
-    table = LinearTables(mesh, objective, gathers_free)
+    walked = Walked()
+    other = LinearTables(mesh, objective, not gathers_free, walked)
+    table = LinearTables(mesh, objective, gathers_free, walked)
     cfgs = list(itertools.product(range(-1, 5), repeat=4))
     for src_map, dst_map in [
         ((0, 1, 2, 3), (1, 0, 3, None)),
@@ -100,7 +105,10 @@ def test_dense_reshard_patterns_equal_pair_by_pair(objective, gathers_free):
         src = list(dict.fromkeys(spec_of(src_map, c) for c in cfgs))
         dst = list(dict.fromkeys(spec_of(dst_map, c) for c in cfgs))
         assert len(src) * len(dst) >= WALK_BATCH
+        other.pattern(src, dst)
+        known = len(walked.keys)
         fixed, per_byte = table.pattern(src, dst)
+        assert len(walked.keys) == known  # nothing walked again
         for i, a in enumerate(src):
             for jj in range(0, len(dst), max(1, len(dst) // 40)):
                 b = dst[jj]
