@@ -139,12 +139,21 @@ class ReshardTables:
         self.spec_number: dict[Spec, int] = {}
         self.numbers: dict[tuple[int, DimMap], np.ndarray] = {}
         self.by_content: dict[tuple, tuple] = {}  # (configs, map) -> (specs, id, numbers)
+        # per node, the number of its configuration list's content (hashing up to 1,275
+        # configurations once per node, not once per read)
+        self.config_lists: dict[tuple[Config, ...], int] = {}
+        self.config_list_of: dict[int, int] = {}
 
     def layouts(self, node: int, dim_map: DimMap) -> tuple[list[Spec], np.ndarray]:
         """Distinct layouts of a tensor over a node's configs, and each config's layout index."""
         key = (node, dim_map)
         if key not in self.specs:
-            alike = (tuple(self.configs[node]), dim_map)  # a layer's copies: the same answer
+            if node not in self.config_list_of:
+                content = tuple(self.configs[node])
+                self.config_list_of[node] = self.config_lists.setdefault(
+                    content, len(self.config_lists)
+                )
+            alike = (self.config_list_of[node], dim_map)  # a layer's copies: the same answer
             if alike not in self.by_content:
                 index: dict[Spec, int] = {}
                 inverse = [
