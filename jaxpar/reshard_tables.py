@@ -462,4 +462,5 @@ def linear_tables(mesh: MeshAxes, objective: str, gathers_free: bool = False) ->
 
 @functools.lru_cache(maxsize=8)
 def _walked(mesh: MeshAxes, objective: str) -> Walked:
+    """The walks the two `linear_tables` of a mesh and objective share."""
     return Walked()
