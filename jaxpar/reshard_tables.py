@@ -240,7 +240,7 @@ def _walk_batch(
         nbytes = np.where(charged, (n - 1) / n * (1 / prod[mv]), 0.0)
         f = latency[a] * np.where(charged, n - 1, 0)
         b = nbytes / bandwidth[a]
-        if local and not comm:  # layout copies around a priced collective on a dim past the first
+        if local:  # layout copies around a priced collective on a dim past the first
             copied = charged & (chosen > 0)
             f = np.where(copied, f + 2 * mesh.kernel_overhead, f)
             b = np.where(copied, b + (2 * before + 2 * (1 / prod[mv])) / mesh.mem_bandwidth, b)
