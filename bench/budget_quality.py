@@ -29,9 +29,10 @@ import numpy as np
 
 import jaxpar
 import models
-from jaxpar.budget import _Proxy
-from jaxpar.evaluate import evaluate
-from jaxpar.search import Problem, solve
+from jaxpar.cost.evaluation import evaluate
+from jaxpar.search.memory_budget import _Proxy
+from jaxpar.solver.descent import solve
+from jaxpar.solver.problem import Problem
 from models.llama import llama_config, llama_example
 
 CASES = [

@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jaxpar
 import models
-from jaxpar.collectives import transfer_time
-from jaxpar.verify import compiled_collectives
+from jaxpar.hardware.collectives import transfer_time
+from jaxpar.verify.compiled import compiled_collectives
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").

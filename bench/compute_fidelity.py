@@ -40,11 +40,11 @@ import jax
 
 import jaxpar
 import models
-from jaxpar.configs import dim_degrees
-from jaxpar.cost import plan_work
-from jaxpar.graph import REGION_PRIMITIVES
-from jaxpar.hlo_text import shape_bytes
-from jaxpar.verify import compiled_collectives
+from jaxpar.cost.node_costs import plan_work
+from jaxpar.nodes.configs import dim_degrees
+from jaxpar.program.graph import REGION_PRIMITIVES
+from jaxpar.verify.compiled import compiled_collectives
+from jaxpar.verify.hlo_text import shape_bytes
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").

@@ -28,7 +28,7 @@ import jax
 
 import jaxpar
 import models
-from jaxpar.verify import compiled_collectives, fidelity
+from jaxpar.verify.compiled import compiled_collectives, fidelity
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").

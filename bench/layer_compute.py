@@ -55,14 +55,14 @@ import numpy as np
 
 import jaxpar
 import models
-from jaxpar.blocks import block_of
-from jaxpar.contraction_calls import plan_calls
-from jaxpar.cost import node_work
-from jaxpar.graph import BACKWARD, FORWARD, UPDATE, Program, layer_of, phase_of
-from jaxpar.kernels import node_kernels
-from jaxpar.measure import Sweep, median_seconds
-from jaxpar.measure_contractions import profiled_kernels
-from jaxpar.report import layer_name
+from jaxpar.cost.contraction_calls import plan_calls
+from jaxpar.cost.kernels import node_kernels
+from jaxpar.cost.node_costs import node_work
+from jaxpar.nodes.repeated_blocks import block_of
+from jaxpar.planner.report import layer_name
+from jaxpar.program.graph import BACKWARD, FORWARD, UPDATE, Program, layer_of, phase_of
+from jaxpar.runtime.calibrate import Sweep, median_seconds
+from jaxpar.runtime.measure_contractions import profiled_kernels
 
 TIMING = Sweep(
     matmul_sizes=(),

@@ -32,9 +32,9 @@ from layer_compute import block_rows, op_layer, predicted_by_equation_layer, sum
 
 import jaxpar
 import models
-from jaxpar.contraction_calls import TABLE_PRIMITIVES
-from jaxpar.cost import node_work
-from jaxpar.kernels import node_kernels
+from jaxpar.cost.contraction_calls import TABLE_PRIMITIVES
+from jaxpar.cost.kernels import node_kernels
+from jaxpar.cost.node_costs import node_work
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 MEASURED = os.path.join(RESULTS, "layer_compute.json")

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 import jaxpar
-from jaxpar.verify import fidelity
+from jaxpar.verify.compiled import fidelity
 from models.scanned import scanned_config, scanned_example
 
 UNROLLS = (1, 2, 3, 4, 6, 12)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxpar
-from jaxpar.evaluate import evaluate
+from jaxpar.cost.evaluation import evaluate
 from models.kernels import megatron_mlp_step
 
 TOKENS, D, FF = 65536, 4096, 16384

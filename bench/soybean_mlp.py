@@ -23,7 +23,7 @@ import jax
 
 import jaxpar
 import models
-from jaxpar.verify import compiled_collectives
+from jaxpar.verify.compiled import compiled_collectives
 
 
 def flops_of(compiled) -> float:

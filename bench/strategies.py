@@ -52,8 +52,8 @@ from jax.sharding import PartitionSpec
 
 import jaxpar
 import models
-from jaxpar.cli import layer_table
-from jaxpar.collectives import ring_steps
+from jaxpar.cli.main import layer_table
+from jaxpar.hardware.collectives import ring_steps
 
 MODELS = ("alexnet", "vgg16", "inception_v3")
 TITLES = {"alexnet": "AlexNet", "vgg16": "VGG-16", "inception_v3": "Inception-v3"}
@@ -1002,7 +1002,7 @@ def gpu_label(n: int) -> str:
 
 def plot_model(name: str, plans: dict, batch: int, folder: str) -> str:
     """strategies_<model>_16.png: `jaxpar.figures.plot_strategies` of the 16-GPU plans."""
-    from jaxpar.figures import plot_strategies
+    from jaxpar.planner.figures import plot_strategies
 
     path = os.path.join(folder, f"strategies_{name}_16.png")
     os.makedirs(folder, exist_ok=True)

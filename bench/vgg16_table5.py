@@ -25,10 +25,11 @@ import numpy as np
 
 import jaxpar
 import models
-from jaxpar.choose import Choice
-from jaxpar.evaluate import evaluate
-from jaxpar.result import with_assignment
-from jaxpar.search import Problem, solve_exact
+from jaxpar.cost.evaluation import evaluate
+from jaxpar.planner.plan import with_assignment
+from jaxpar.search.candidates import Choice
+from jaxpar.solver.elimination import solve_exact
+from jaxpar.solver.problem import Problem
 
 BATCH = 128
 MESHES = {"1x4": {"gpu": 4}, "2x2": {"a": 2, "b": 2}}

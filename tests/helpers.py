@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxpar.verify import fidelity
+from jaxpar.verify.compiled import fidelity
 
 # XLA:CPU's LLVM code generation at -O0 for the suite and the processes it starts (conftest.py)
 FAST_CODEGEN = "--xla_backend_optimization_level=0"

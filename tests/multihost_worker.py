@@ -59,7 +59,7 @@ def main() -> None:
 
     import jaxpar
     import models
-    from jaxpar import distributed
+    from jaxpar.runtime import distributed
 
     result: dict = {"process": me, "process_count": jax.process_count()}
     t0 = time.monotonic()

@@ -15,9 +15,8 @@ import pytest
 
 import jaxpar
 import models
-from jaxpar.cli import main
-from jaxpar.collectives import KINDS, PERMUTE, result_bytes_sent, transfer_time
-from jaxpar.cost import compute_times
+from jaxpar.cli.main import main
+from jaxpar.cost.node_costs import compute_times
 from jaxpar.hardware import Cluster, mesh_axes
 from jaxpar.hardware.calibration import (
     AxisCalibration,
@@ -28,7 +27,8 @@ from jaxpar.hardware.calibration import (
     fit_axis,
     load_calibration,
 )
-from jaxpar.meshes import describe_mesh, resolve_cluster
+from jaxpar.hardware.collectives import KINDS, PERMUTE, result_bytes_sent, transfer_time
+from jaxpar.trace.meshes import describe_mesh, resolve_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -236,7 +236,7 @@ def test_a_calibrated_mesh_prices_kernels_with_the_measured_overhead():
 def test_kernel_count_reads_the_compiled_program():
     """Kernels: instructions outside fused computations and reducers, no parameters,
     constants, tuples or bitcasts."""
-    from jaxpar.measure import kernel_count
+    from jaxpar.runtime.calibrate import kernel_count
 
     hlo = """HloModule m
 
@@ -267,7 +267,7 @@ def test_kernel_overhead_is_measured_and_small_on_the_cpu():
     """Two chains of tiny reductions: a positive per-kernel time, well under a millisecond."""
     import jax
 
-    from jaxpar.measure import QUICK, kernel_chain, kernel_count, kernel_overhead
+    from jaxpar.runtime.calibrate import QUICK, kernel_chain, kernel_count, kernel_overhead
 
     x = jax.numpy.ones((32,), "float32")
     counts = [kernel_count(kernel_chain(n).lower(x).compile().as_text()) for n in (8, 64)]

@@ -13,7 +13,7 @@ import pytest
 
 import jaxpar
 import models
-from jaxpar.evaluate import evaluate
+from jaxpar.cost.evaluation import evaluate
 
 pytestmark = pytest.mark.oracle
 

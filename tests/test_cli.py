@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from jaxpar import Cluster
-from jaxpar.cli import JSON_SCHEMA, main, parse_dtype, parse_mesh
+from jaxpar.cli.main import JSON_SCHEMA, main, parse_dtype, parse_mesh
+from jaxpar.hardware.cluster import Cluster
 
 pytestmark = pytest.mark.api
 
@@ -80,7 +80,7 @@ def test_plan_all_prints_comparison_and_layers(lenet_all, capsys):
 def test_strategy_all_places_the_report_tables(monkeypatch, capsys):
     """`--strategy all` prints jaxpar.report's phase and state tables, in that order, between
     the comparison and the per-layer table (stand-ins here: their content is report's)."""
-    from jaxpar import report
+    from jaxpar.planner import report
 
     monkeypatch.setattr(report, "phase_table", lambda plans: "PHASES " + ",".join(plans))
     monkeypatch.setattr(report, "state_table", lambda plans: "STATES " + ",".join(plans))
@@ -121,7 +121,7 @@ def test_plan_large_decoder_with_remat_and_scanned_layers(tmp_path, capsys):
     assert not any("['block0']" in path for path in auto["in_specs"])
     assert any("rematted_computation" in row["layer"] for row in auto["layers"])
     # what was planned: 16 sequences of 32 tokens (16 by default), the blocks scanned
-    from jaxpar.cli_input import DecoderBuild, zoo_example
+    from jaxpar.cli.arguments import DecoderBuild, zoo_example
 
     build = DecoderBuild(remat=True, scan=True, seq_len=32)
     ex, batch, _ = zoo_example("llama3_8b", None, True, "float32", 8, build)
@@ -133,7 +133,7 @@ def test_plan_large_decoder_with_an_offloading_remat_policy(capsys, caplog):
     """--remat-policy builds the blocks rematerialized with one of MaxText's policies (it turns
     --remat on): the title says which; the offloading one plans its moves to the host with no
     replicated fallback."""
-    from jaxpar.cli_input import DecoderBuild, zoo_example
+    from jaxpar.cli.arguments import DecoderBuild, zoo_example
 
     argv = ["plan", "llama3_8b", "--small", "--mesh", "a=2,b=4", "--cluster", "dgx-h100"]
     flags = ["--remat-policy", "minimal_offloaded", "--seq-len", "32", "--quiet"]
@@ -332,7 +332,7 @@ def test_plot_without_matplotlib_in_a_fresh_process(tmp_path):
     png = tmp_path / "out.png"
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from jaxpar.cli import main\n"
+        "from jaxpar.cli.main import main\n"
         f"sys.exit(main(['plan', 'vgg16', '--mesh', 'gpu=4', '--plot', {str(png)!r}]))\n"
     )
     proc = subprocess.run(

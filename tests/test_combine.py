@@ -6,8 +6,8 @@ import pytest
 
 import jaxpar
 import models
-from jaxpar.combine import COMBINERS, AllReduceItem, Combiner, group_all_reduces
-from jaxpar.verify import fidelity
+from jaxpar.verify.compiled import fidelity
+from jaxpar.xla.allreduce_combiner import COMBINERS, AllReduceItem, Combiner, group_all_reduces
 
 KEY = ("sum", "float32", (0,), -1)
 
@@ -84,7 +84,7 @@ def test_predicted_counts_match_the_compiled_program(name, axes):
 def test_combined_latency_is_paid_once_per_group():
     """Data-parallel GPT on two P100 nodes: 28 gradient all-reduces over the same axes combine
     into one, so the combined step saves 27 all-reduce latencies."""
-    from jaxpar.collectives import ALL_REDUCE, ring_steps
+    from jaxpar.hardware.collectives import ALL_REDUCE, ring_steps
 
     ex = models.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="p100",
@@ -107,9 +107,9 @@ def test_uniform_tensors_are_gathered_for_free():
     import jax
     import jax.numpy as jnp
 
-    from jaxpar.buffers import uniform_tensors
-    from jaxpar.reshard import ALL_GATHER, ALL_TO_ALL, priced_steps, reshard_path
-    from jaxpar.trace import trace
+    from jaxpar.trace.tracing import trace
+    from jaxpar.xla.buffer_assignment import uniform_tensors
+    from jaxpar.xla.reshard_paths import ALL_GATHER, ALL_TO_ALL, priced_steps, reshard_path
 
     def f(x):
         seed = (jnp.zeros_like(x) + 1.0) * 0.5  # uniform: a broadcast, then + and * of literals
@@ -144,7 +144,7 @@ def test_a_uniform_tensor_of_one_element_per_device_is_gathered_for_real():
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxpar.tables import gathers_free
+    from jaxpar.cost.search_tables import gathers_free
 
     def route(x, w):
         sizes = jnp.bincount(jnp.argmax(x @ w, -1), length=4)

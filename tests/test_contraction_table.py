@@ -19,19 +19,19 @@ from test_calibrate import synthetic
 
 import jaxpar
 import models
-from jaxpar.cli import main
-from jaxpar.configs import dim_degrees, spec_of
-from jaxpar.contraction_calls import (
+from jaxpar.cli.main import main
+from jaxpar.cost.contraction_calls import (
     TABLE_PRIMITIVES,
     contraction_key,
     member_calls,
     member_shard_shapes,
     plan_calls,
 )
-from jaxpar.cost import node_work
+from jaxpar.cost.kernels import node_kernels
+from jaxpar.cost.node_costs import node_work
 from jaxpar.hardware.calibration import load_calibration
-from jaxpar.kernels import node_kernels
-from jaxpar.measure_contractions import call_kernel_ops
+from jaxpar.nodes.configs import dim_degrees, spec_of
+from jaxpar.runtime.measure_contractions import call_kernel_ops
 
 
 @pytest.fixture(scope="module")
@@ -270,9 +270,8 @@ def test_calibrate_adds_a_models_table_from_an_earlier_file(tmp_path, capsys, mo
 def test_a_call_the_device_rejects_keeps_the_model_price_and_is_reported(cnn_plan, monkeypatch):
     """A call XLA cannot run (here a convolution whose feature groups a split broke) is left
     out of the table with a warning naming it; the other calls are measured."""
-    import importlib
+    from jaxpar.runtime import measure_contractions as mc
 
-    mc = importlib.import_module("jaxpar.measure_contractions")  # the package exports a function
     plan, _, cal = cnn_plan
     good = next(c for c in plan_calls(plan.ng, plan.tables.configs, plan.params.mesh.sizes)
                 if c.primitive == "dot_general")  # fmt: skip

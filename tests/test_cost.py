@@ -2,14 +2,12 @@
 one pricing function shared by the search and the report; the pure core imports no jax."""
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from jaxpar.collectives import (
+from jaxpar.hardware.collectives import (
     ALL_GATHER,
     ALL_TO_ALL,
     all_gather_bytes,
@@ -19,8 +17,8 @@ from jaxpar.collectives import (
     reduce_scatter_bytes,
     transfer_time,
 )
-from jaxpar.reshard import reshard_path
-from jaxpar.rules import reshape_map
+from jaxpar.rules.table import reshape_map
+from jaxpar.xla.reshard_paths import reshard_path
 
 pytestmark = pytest.mark.closed_form
 
@@ -72,33 +70,6 @@ def test_reshape_maps_major_dims():
     assert op_map == (0, None, 1, None)
 
 
-PURE_CORE = (
-    "graph", "opspace", "rules", "rules_contractions", "rules_indexing", "rules_linalg",
-    "rules_loops", "body_dims", "rules_manual", "nodes",
-    "labels", "configs", "collectives", "reshard", "reshard_tables", "operand_layouts",
-    "fusion", "kernels", "contraction_calls", "cost", "tables", "blocks", "combine", "overlap",
-    "step_timeline",
-    "search", "kcut", "baselines", "evaluate", "buffers", "body_buffers", "buffer_reads",
-    "memory_estimate",
-    "memory", "held", "budget", "verify", "hlo_text", "hardware", "hardware.devices",
-    "hardware.presets", "hardware.datasheets", "hardware.cluster", "hardware.mesh_model",
-    "hardware.speeds", "hardware.calibration",
-)  # fmt: skip
-
-
-def test_pure_core_imports_no_jax():
-    code = "import sys; " + "; ".join(f"import jaxpar.{m}" for m in PURE_CORE)
-    code += "; print('jax' in sys.modules)"
-    # import the modules without the package __init__ (which exposes the jax-facing API)
-    stub = (
-        "import importlib.util, sys, types, os; pkg = types.ModuleType('jaxpar'); "
-        f"pkg.__path__ = [{str(ROOT / 'jaxpar')!r}]; sys.modules['jaxpar'] = pkg; "
-    )
-    out = subprocess.run([sys.executable, "-c", stub + code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
-
-
 @pytest.mark.parametrize("objective", ["time", "comm"])
 @pytest.mark.parametrize(
     ("name", "mesh"),
@@ -112,12 +83,12 @@ def test_reported_cost_lies_between_the_two_search_problems(name, mesh, objectiv
 
     import jaxpar
     import models
-    from jaxpar.evaluate import evaluate
-    from jaxpar.search import evaluate as search_objective
+    from jaxpar.cost.evaluation import evaluate
+    from jaxpar.solver.problem import assignment_cost
 
     ex = models.get(name, small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="p100", objective=objective)
-    from jaxpar.tables import pairwise_bound
+    from jaxpar.cost.search_tables import pairwise_bound
 
     ctx = plan.eval_context()
     pairwise = pairwise_bound(plan.ng, plan.tables)
@@ -128,14 +99,14 @@ def test_reported_cost_lies_between_the_two_search_problems(name, mesh, objectiv
     strict = 0
     for a in assignments:
         ev = evaluate(ctx, a)
-        low = search_objective(plan.tables.bound, a)
-        high = search_objective(plan.problem, a)
+        low = assignment_cost(plan.tables.bound, a)
+        high = assignment_cost(plan.problem, a)
         tol = 1e-9 * max(1.0, abs(high))
         assert low <= ev.objective + tol and ev.objective <= high + tol
         strict += ev.objective < high - tol  # only where shared tables fell back to pairs
         if plan.tables.exact:  # every shared reshard priced exactly: search objective = report
             assert high == pytest.approx(ev.objective, rel=1e-9)
-        assert search_objective(pairwise, a) <= low + tol
+        assert assignment_cost(pairwise, a) <= low + tol
         total = ev.cost.comm_bytes if objective == "comm" else ev.cost.step_s
         assert total == pytest.approx(ev.objective, rel=1e-9)
     assert plan.tables.problem.factors  # tensors with several readers got one exact table
@@ -148,7 +119,7 @@ def test_reported_cost_lies_between_the_two_search_problems(name, mesh, objectiv
 def test_collective_over_merged_axes_gets_the_merged_ring_bandwidth():
     """4 P100 nodes as node=4 x gpu=4: the 4 node-axis rings share each node's one InfiniBand
     card (12.5/4 GB/s each); one 16-device ring over both axes crosses each card once."""
-    from jaxpar import Cluster
+    from jaxpar.hardware.cluster import Cluster
     from jaxpar.hardware.mesh_model import mesh_axes
 
     mesh = mesh_axes(Cluster.preset("p100", nodes=4), ("node", "gpu"), (4, 4), None)
@@ -165,8 +136,8 @@ def _tiny_program(fn, *shapes):
     """The nodes of ``fn`` traced at float32 ``shapes``."""
     import jax
 
-    from jaxpar.nodes import build_nodes
-    from jaxpar.trace import trace
+    from jaxpar.nodes.planning_nodes import build_nodes
+    from jaxpar.trace.tracing import trace
 
     args = tuple(jax.ShapeDtypeStruct(s, "float32") for s in shapes)
     program, _ = trace(fn, args)
@@ -174,7 +145,7 @@ def _tiny_program(fn, *shapes):
 
 
 def _params(overhead=0.0, half_rate_time=0.0, peak=1e12, bandwidth=1e11, sizes=(2,)):
-    from jaxpar.cost import CostParams
+    from jaxpar.cost.node_costs import CostParams
     from jaxpar.hardware.mesh_model import MeshAxes
 
     n = len(sizes)
@@ -201,8 +172,8 @@ def _matmul_bias_relu(x, w, b):
 def test_fused_traffic_of_a_matmul_bias_relu_node():
     """relu(x @ W + b) is one node and two kernels: the product reads x and W and writes y; the
     epilogue reads y and b (not its broadcast) and writes only the relu result."""
-    from jaxpar.cost import node_work
-    from jaxpar.kernels import node_kernels
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.cost.node_costs import node_work
 
     ng = _tiny_program(_matmul_bias_relu, (4, 8), (8, 16), (16,))
     node = _node_of(ng, "dot_general")
@@ -229,8 +200,8 @@ def test_fused_traffic_of_a_matmul_bias_relu_node():
 
 def test_kernel_time_is_overhead_plus_roofline_per_kernel():
     """t_C = Σ_k overhead + max(FLOPs_k / peak, bytes_k / bandwidth): memory-bound kernels here."""
-    from jaxpar.cost import compute_times, node_work
-    from jaxpar.kernels import node_kernels
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.cost.node_costs import compute_times, node_work
 
     ng = _tiny_program(_matmul_bias_relu, (4, 8), (8, 16), (16,))
     node = _node_of(ng, "dot_general")
@@ -253,7 +224,7 @@ def test_copies_share_node_work_only_when_priced_alike(name):
     and a small CNN, and the copies did share (fewer works than nodes)."""
     import jaxpar
     import models
-    from jaxpar.cost import node_work
+    from jaxpar.cost.node_costs import node_work
 
     ex = models.get(name, small=name != "gpt2_124m")
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 4, "b": 4}, cluster="p100")
@@ -274,8 +245,8 @@ def test_resharded_reads_are_the_reads_whose_layouts_differ():
     reads whose producer's and reader's layouts differ, for 200 random assignments."""
     import jaxpar
     import models
-    from jaxpar.configs import spec_of
-    from jaxpar.evaluate import _priced_reads, _resharded
+    from jaxpar.cost.evaluation import _priced_reads, _resharded
+    from jaxpar.nodes.configs import spec_of
 
     ex = models.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 4}, cluster="p100")
@@ -296,9 +267,9 @@ def test_an_elementwise_result_read_by_one_reduction_is_computed_inside_it():
     """sum(y * y) after y = x @ W: the product y*y joins the dot's node but has one reader, a
     reduction, which recomputes it (XLA's producer-consumer fusion): the epilogue writes nothing
     and costs no launch, and the reduction reads y."""
-    from jaxpar.cost import node_work
-    from jaxpar.fusion import recomputed
-    from jaxpar.kernels import node_kernels
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.cost.node_costs import node_work
+    from jaxpar.xla.fusion import recomputed
 
     ng = _tiny_program(lambda x, w: ((x @ w) * (x @ w)).sum(), (4, 8), (8, 16))
     node = _node_of(ng, "dot_general")
@@ -324,8 +295,8 @@ def test_sibling_reductions_share_their_read():
     max it depends on, so it is no sibling and reads x again."""
     import jax.numpy as jnp
 
-    from jaxpar.fusion import shared_reads
-    from jaxpar.kernels import node_kernels
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.xla.fusion import shared_reads
 
     def stats(x):
         return x.sum(axis=0), (x * x).sum(axis=0)
@@ -362,8 +333,14 @@ def test_fusion_rules_follow_the_backend():
     prices CPU rules, any other mesh the accelerator's."""
     import jax.numpy as jnp
 
-    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION, fusion_for, recomputed, shared_reads
-    from jaxpar.kernels import node_kernels
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.xla.fusion import (
+        ACCELERATOR_FUSION,
+        CPU_FUSION,
+        fusion_for,
+        recomputed,
+        shared_reads,
+    )
 
     def softmax(x):
         e = jnp.exp(x - x.max(axis=1, keepdims=True))
@@ -394,9 +371,9 @@ def test_xla_cpu_copies_a_kernel_gradients_operands_first():
     none; an accelerator's rules none."""
     import jax
 
-    from jaxpar.cost import node_work
-    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION
-    from jaxpar.kernels import node_kernels
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.cost.node_costs import node_work
+    from jaxpar.xla.fusion import ACCELERATOR_FUSION, CPU_FUSION
 
     def loss(w, x):
         y = jax.lax.conv_general_dilated(
@@ -434,10 +411,10 @@ def test_xla_cpu_writes_each_result_of_an_elementwise_node_from_a_fusion_of_its_
     import jax
     import optax
 
-    from jaxpar.cost import node_work
-    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION
-    from jaxpar.nodes import build_nodes
-    from jaxpar.trace import trace
+    from jaxpar.cost.node_costs import node_work
+    from jaxpar.nodes.planning_nodes import build_nodes
+    from jaxpar.trace.tracing import trace
+    from jaxpar.xla.fusion import ACCELERATOR_FUSION, CPU_FUSION
 
     opt = optax.adamw(1e-3)
 
@@ -482,8 +459,8 @@ def test_xla_cpu_expands_a_max_pool_gradient(shape, window, strides):
     import jax
     import jax.numpy as jnp
 
-    from jaxpar.cost import node_work
-    from jaxpar.fusion import CPU_FUSION
+    from jaxpar.cost.node_costs import node_work
+    from jaxpar.xla.fusion import CPU_FUSION
 
     def pool(x):
         return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, window, strides, "VALID")
@@ -530,7 +507,7 @@ def test_xla_cpu_copies_the_dot_operands_its_decomposition_reorders(lhs, rhs, di
 
     import jax
 
-    from jaxpar.operand_layouts import transposed_dot_operands
+    from jaxpar.xla.operand_layouts import transposed_dot_operands
 
     def dot(a, b):
         return jax.lax.dot_general(a, b, dims)
@@ -558,9 +535,9 @@ def test_indexing_touches_only_its_part():
     import jax
     import jax.numpy as jnp
 
-    from jaxpar.cost import node_work
-    from jaxpar.nodes import build_nodes
-    from jaxpar.trace import trace
+    from jaxpar.cost.node_costs import node_work
+    from jaxpar.nodes.planning_nodes import build_nodes
+    from jaxpar.trace.tracing import trace
 
     table = jax.ShapeDtypeStruct((1000, 64), jnp.float32)
     index = jax.ShapeDtypeStruct((8,), jnp.int32)
@@ -580,7 +557,7 @@ def test_indexing_touches_only_its_part():
 def test_saturation_curve():
     """rate = peak · f / (f + f_half): half the peak at f_half; time (f + f_half) / peak, so a
     split into n shards runs in (f / n + f_half) / peak, not f / (n · peak)."""
-    from jaxpar.cost import saturated_rate
+    from jaxpar.cost.node_costs import saturated_rate
 
     peak, half = 1e12, 4e9
     assert saturated_rate(half, peak, half) == pytest.approx(peak / 2)
@@ -617,8 +594,8 @@ def test_conv_taps_fraction():
     input gradient of a stride-2 convolution (lhs dilation 2) skips the holes."""
     import jax
 
-    from jaxpar.rules_contractions import conv_taps_fraction
-    from jaxpar.trace import trace
+    from jaxpar.rules.contractions import conv_taps_fraction
+    from jaxpar.trace.tracing import trace
 
     def conv(x, w, stride=(1, 1), dilation=(1, 1)):
         return jax.lax.conv_general_dilated(
@@ -646,8 +623,8 @@ def test_plan_work_matches_xla_cost_analysis_on_a_data_parallel_mlp():
     cost_analysis (bytes less the collectives'), within 15 % (bench/compute_fidelity.py)."""
     import jaxpar
     import models
-    from jaxpar.cost import plan_work
-    from jaxpar.verify import compiled_collectives
+    from jaxpar.cost.node_costs import plan_work
+    from jaxpar.verify.compiled import compiled_collectives
 
     ex = models.get("mlp", small=True)
     step = jaxpar.auto_shard(ex.step, mesh=jaxpar.make_mesh({"data": 8}), strategy="data")
@@ -669,11 +646,11 @@ def test_every_tensor_a_kernel_reads_is_written_or_an_input(name):
     (a layer norm's mean) must write it: before `kernels._read_outside` 13-32 tensors per model
     were read but never written, and their reductions cost nothing."""
     import models
-    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION
-    from jaxpar.graph import REGION_PRIMITIVES
-    from jaxpar.kernels import node_kernels
-    from jaxpar.nodes import build_nodes
-    from jaxpar.trace import trace
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.nodes.planning_nodes import build_nodes
+    from jaxpar.program.graph import REGION_PRIMITIVES
+    from jaxpar.trace.tracing import trace
+    from jaxpar.xla.fusion import ACCELERATOR_FUSION, CPU_FUSION
 
     ex = models.get(name, small=True)
     program, _ = trace(ex.step, ex.args)
@@ -698,10 +675,10 @@ def test_every_member_of_a_running_kernel_computes_what_it_writes(name):
     node (its shifted exponentials and its gradient) read the gradient's operands in the kernel
     that wrote only the sliced logits."""
     import models
-    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION
-    from jaxpar.kernels import node_kernels
-    from jaxpar.nodes import build_nodes
-    from jaxpar.trace import trace
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.nodes.planning_nodes import build_nodes
+    from jaxpar.trace.tracing import trace
+    from jaxpar.xla.fusion import ACCELERATOR_FUSION, CPU_FUSION
 
     ex = models.get(name, small=True)
     program, _ = trace(ex.step, ex.args)
@@ -731,10 +708,10 @@ def test_every_kernel_reads_only_what_was_made_before_it_writes(name):
     backward gradient, one node, were one kernel reading the backward product (6 such kernels
     in the small GPT, 4 in the CNN)."""
     import models
-    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION, program_index
-    from jaxpar.kernels import node_kernels
-    from jaxpar.nodes import build_nodes
-    from jaxpar.trace import trace
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.nodes.planning_nodes import build_nodes
+    from jaxpar.trace.tracing import trace
+    from jaxpar.xla.fusion import ACCELERATOR_FUSION, CPU_FUSION, program_index
 
     ex = models.get(name, small=True)
     program, _ = trace(ex.step, ex.args)
@@ -760,8 +737,8 @@ def test_a_sliced_cross_entropy_reads_the_logits_once_per_pass_on_gpu():
     import jax
     import jax.numpy as jnp
 
-    from jaxpar.fusion import ACCELERATOR_FUSION, ROW_REDUCTION_LIMIT
-    from jaxpar.kernels import node_kernels
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.xla.fusion import ACCELERATOR_FUSION, ROW_REDUCTION_LIMIT
 
     # vocabulary rows wider than a normalization fusion takes (GPT-2's are 50,304 wide)
     b, s, d, v = 2, 9, 4, ROW_REDUCTION_LIMIT + 64
@@ -804,8 +781,8 @@ def test_gpu_recomputes_short_row_reductions_in_their_readers():
     read x again; CPU rules never recompute a reduction."""
     import jax
 
-    from jaxpar.fusion import ACCELERATOR_FUSION, CPU_FUSION, ROW_REDUCTION_LIMIT
-    from jaxpar.kernels import node_kernels
+    from jaxpar.cost.kernels import node_kernels
+    from jaxpar.xla.fusion import ACCELERATOR_FUSION, CPU_FUSION, ROW_REDUCTION_LIMIT
 
     def traffic(rows, width, rules):
         """(row-sized reads, row-sized writes, row sums written) of the step's kernels."""
@@ -836,7 +813,7 @@ def test_gpu_duplicates_a_producer_only_where_recomputing_reads_less():
     recomputing it would read all four in each reader."""
     import jax.numpy as jnp
 
-    from jaxpar.fusion import ACCELERATOR_FUSION, recomputed
+    from jaxpar.xla.fusion import ACCELERATOR_FUSION, recomputed
 
     def cheap(x):
         t = jnp.exp(x)
@@ -860,7 +837,7 @@ def test_a_reshard_prices_its_local_kernels():
     costs kernels · overhead + bytes / memory bandwidth; under "comm" nothing."""
     from jaxpar.hardware import Cluster
     from jaxpar.hardware.mesh_model import mesh_axes
-    from jaxpar.reshard import SLICE, reshard_linear, reshard_path
+    from jaxpar.xla.reshard_paths import SLICE, reshard_linear, reshard_path
 
     mesh = mesh_axes(Cluster.preset("dgx-h100", devices=8), ("d",), (8,), None)
     whole, first, second = ((), ()), ((0,), ()), ((), (0,))
@@ -893,7 +870,7 @@ def test_xla_copies_the_result_of_a_gather_on_a_dim_past_the_first():
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jaxpar.reshard import reshard_path
+    from jaxpar.xla.reshard_paths import reshard_path
 
     mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
 

@@ -6,7 +6,7 @@ import pytest
 
 import jaxpar
 import models
-from jaxpar import figures
+from jaxpar.planner import figures
 
 pytestmark = pytest.mark.api
 

@@ -10,7 +10,8 @@ import pytest
 
 import jaxpar
 import models
-from jaxpar import Cluster, DeviceGroup, DeviceSpec, LinkLevel
+from jaxpar.hardware.cluster import Cluster
+from jaxpar.hardware.devices import DeviceGroup, DeviceSpec, LinkLevel
 from tests.helpers import assert_equivalent, assert_fidelity
 
 SLOW, FAST = 180e12, 420e12  # AccPar Table 7's TPU-v2 / TPU-v3 FLOP/s

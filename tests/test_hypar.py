@@ -6,8 +6,8 @@ from helpers import assert_equivalent
 
 import jaxpar
 import models
-from jaxpar.baselines import STRATEGIES, _best_on_dim, type2_dims
-from jaxpar.configs import CONTRACTIONS
+from jaxpar.nodes.configs import CONTRACTIONS
+from jaxpar.search.baselines import STRATEGIES, _best_on_dim, type2_dims
 
 SETUPS = [({"data": 2, "model": 4}, "dgx-h100"), ({"node": 2, "gpu": 4}, "p100")]
 

@@ -11,8 +11,10 @@ from test_search import GRAPHS
 
 import jaxpar
 import models
-from jaxpar.kcut import cut_order, kcut, project, recut, recut_and_descend, restrict
-from jaxpar.search import Problem, SearchBudget, brute_force, evaluate, solve, solve_exact
+from jaxpar.solver.descent import solve
+from jaxpar.solver.elimination import solve_exact
+from jaxpar.solver.kcut import cut_order, kcut, project, recut, recut_and_descend, restrict
+from jaxpar.solver.problem import Problem, SearchBudget, assignment_cost, brute_force
 
 
 def config_problem(rng, n, edges, dims=2, axes=2):
@@ -36,10 +38,10 @@ def test_kcut_vs_brute_force_random(name, seed):
     _, best = brute_force(p)
     assignment, value, _ = solve_exact(p)
     assert value == pytest.approx(best, rel=1e-12)
-    assert evaluate(p, assignment) == pytest.approx(value, rel=1e-12)
+    assert assignment_cost(p, assignment) == pytest.approx(value, rel=1e-12)
     res = kcut(p, configs, sizes=(2, 2), bandwidth=(1e10, 1e9))
     assert res.objective >= best - 1e-12
-    assert res.objective == pytest.approx(evaluate(p, res.assignment), rel=1e-12)
+    assert res.objective == pytest.approx(assignment_cost(p, res.assignment), rel=1e-12)
     assert [c.axis for c in res.cuts] == [1, 0]  # the slow axis first
     assert res.exact_cuts
     # the first cut left the later axis unused: its objective is that of such an assignment
@@ -57,15 +59,15 @@ def test_recut_ends_where_no_single_axis_change_improves(seed):
     p, configs = config_problem(rng, n, edges, dims=2, axes=2)
     start = [int(rng.integers(len(c))) for c in configs]
     x, value = recut(p, configs, start)
-    assert value <= evaluate(p, start) + 1e-12
-    assert value == pytest.approx(evaluate(p, x), rel=1e-12)
+    assert value <= assignment_cost(p, start) + 1e-12
+    assert value == pytest.approx(assignment_cost(p, x), rel=1e-12)
     for axis in range(2):
         other = 1 - axis
         choices = [
             [i for i, c in enumerate(cfgs) if c[other] == cfgs[x[v]][other]]
             for v, cfgs in enumerate(configs)
         ]
-        best = min(evaluate(p, list(a)) for a in itertools.product(*choices))
+        best = min(assignment_cost(p, list(a)) for a in itertools.product(*choices))
         assert value <= best + 1e-12
 
 
@@ -83,8 +85,8 @@ def test_recut_and_descend_ends_where_neither_move_improves(seed):
     start = [int(rng.integers(len(c))) for c in configs]
     start = solve(p, starts=[start], budget=budget).assignment  # as the planner calls it
     x, value = recut_and_descend(p, configs, start, budget, rounds=20)
-    assert value <= evaluate(p, start) + 1e-12
-    assert value == pytest.approx(evaluate(p, x), rel=1e-12)
+    assert value <= assignment_cost(p, start) + 1e-12
+    assert value == pytest.approx(assignment_cost(p, x), rel=1e-12)
     assert recut(p, configs, x, budget)[1] >= value - 1e-12
     assert solve(p, starts=[x], budget=budget).objective >= value - 1e-12
 
@@ -101,7 +103,7 @@ def test_kcut_final_configs_and_restrict():
     assert [c.axis for c in res.cuts] == [0, 1]  # equal links: the larger axis first
     sub = restrict(p, full)
     local = project(res.assignment, full)
-    assert evaluate(sub, local) == pytest.approx(res.objective, rel=1e-12)
+    assert assignment_cost(sub, local) == pytest.approx(res.objective, rel=1e-12)
     assert res.objective >= brute_force(sub)[1] - 1e-12
 
 
@@ -154,7 +156,7 @@ def test_real_problem_vs_brute_force(cluster):
     assert plan.lower_bound == pytest.approx(low, rel=1e-9)
     assert objectives["kcut"] >= low * (1 - 1e-9)
     assert objectives["kcut"] == pytest.approx(plan.evaluation.objective, rel=1e-9)
-    assert objectives["kcut"] <= evaluate(problem, plan.assignment) * (1 + 1e-9)
+    assert objectives["kcut"] <= assignment_cost(problem, plan.assignment) * (1 + 1e-9)
     bw = plan.mesh_axes.bandwidth
     order = [c["axis"] for c in plan.stats["kcut_cuts"]]
     assert order == cut_order(plan.mesh_axes.sizes, bw)
@@ -177,7 +179,7 @@ def test_real_train_step_kcut(cluster):
     assert obj["elimination"] == pytest.approx(elim.stats["objective"], rel=1e-12)
     assert obj["kcut"] >= obj["elimination"] * (1 - 1e-9)
     assert plan.stats["objective"] == pytest.approx(plan.evaluation.objective)
-    assert plan.evaluation.objective <= evaluate(plan.problem, plan.assignment) * (1 + 1e-9)
+    assert plan.evaluation.objective <= assignment_cost(plan.problem, plan.assignment) * (1 + 1e-9)
     # certified only when it reaches the exact lower bound that certifies elimination's plan
     assert plan.optimal == (obj["kcut"] <= elim.lower_bound * (1 + 1e-9))
     assert "search (auto)" in plan.comparison() and "search (auto)" in elim.comparison()

@@ -190,8 +190,8 @@ def test_full_size_default_is_bfloat16_compute():
 @pytest.mark.parametrize("remat", [False, True])
 @pytest.mark.parametrize("name", ["llama_small", "mixtral_8x7b"])
 def test_every_primitive_has_a_sharding_rule(name, remat):
-    from jaxpar import rules
-    from jaxpar.trace import trace
+    from jaxpar.rules import table as rules
+    from jaxpar.trace.tracing import trace
 
     cfg = llama_config(name, small=True, remat=remat)
     ex = llama_example(name, cfg, jnp.float32)

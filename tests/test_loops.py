@@ -13,10 +13,11 @@ import optax
 import pytest
 
 import jaxpar
-from jaxpar.blocks import Tying, block_of
-from jaxpar.hlo_text import computation_runs
-from jaxpar.search import Problem, brute_force, evaluate, solve_exact
-from jaxpar.verify import fidelity, parse_collectives
+from jaxpar.nodes.repeated_blocks import Tying, block_of
+from jaxpar.solver.elimination import solve_exact
+from jaxpar.solver.problem import Problem, assignment_cost, brute_force
+from jaxpar.verify.compiled import fidelity, parse_collectives
+from jaxpar.verify.hlo_text import computation_runs
 
 MESHES = [{"d": 8}, {"a": 2, "b": 4}, {"a": 2, "b": 2, "c": 2}]
 
@@ -317,7 +318,7 @@ def _while_eqn(fn, *args):
     ],
 )
 def test_a_while_loop_of_a_fixed_count_has_its_count(loop, trips):
-    from jaxpar.while_trips import counted_trips
+    from jaxpar.trace.while_trips import counted_trips
 
     assert counted_trips(*_while_eqn(loop, jnp.ones(3))) == trips
 
@@ -326,7 +327,7 @@ def test_a_while_loop_of_a_fixed_count_has_its_count(loop, trips):
 def test_a_while_loop_on_data_has_no_count(monkeypatch):
     """A condition on the loop's data, a bound given as an argument, a loop that never runs or
     runs past `MAX_TRIPS`: no count (the loop stays one replicated node)."""
-    from jaxpar import while_trips
+    from jaxpar.trace import while_trips
 
     on_data = lambda x: jax.lax.while_loop(lambda c: c.sum() < 1e3, lambda c: c * 2, x)
     argument = lambda x, n: jax.lax.while_loop(
@@ -406,8 +407,8 @@ def test_tying_reduces_a_problem_exactly():
     reduced = tying.reduce(problem)
     best = np.inf
     for a in itertools.product(*(range(sizes[c[0]]) for c in classes)):
-        full = evaluate(problem, tying.expand(a))
-        assert evaluate(reduced, a) == pytest.approx(full)
+        full = assignment_cost(problem, tying.expand(a))
+        assert assignment_cost(reduced, a) == pytest.approx(full)
         best = min(best, full)
     assignment, value, _ = solve_exact(reduced)
     assert value == pytest.approx(best) == pytest.approx(brute_force(reduced)[1])
@@ -454,7 +455,7 @@ def test_a_mixed_precision_decoders_state_and_remat_barriers_are_tied_with_their
     from their weight's path, so every block's copies are tied: the untied nodes with a choice
     are outside the blocks (before, the weights, moments and barriers were untied: 992 of
     llama3_8b's 5,363 nodes stayed variables, now 217)."""
-    from jaxpar.nodes import Node
+    from jaxpar.nodes.planning_nodes import Node
     from models.llama import llama_config, llama_example
 
     ex = llama_example("llama_small", llama_config("llama_small", remat=True))

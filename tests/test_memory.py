@@ -12,8 +12,13 @@ from helpers import assert_equivalent
 
 import jaxpar
 import models
-from jaxpar.body_buffers import body_value_bytes, body_workspace
-from jaxpar.buffers import (
+from jaxpar.memory.estimate import parse_bytes
+from jaxpar.memory.shard_map_buffers import body_value_bytes, body_workspace
+from jaxpar.program.graph import BACKWARD, FORWARD, UPDATE, phase_of
+from jaxpar.trace.tracing import trace
+from jaxpar.verify.compiled import compiled_memory
+from jaxpar.verify.compiled import compiled_peak_bytes as compiled_peak
+from jaxpar.xla.buffer_assignment import (
     YNN_MIN_ELEMENTS,
     Buffer,
     combined_all_reduces,
@@ -24,11 +29,6 @@ from jaxpar.buffers import (
     scheduled_updates,
     transposed_operands,
 )
-from jaxpar.graph import BACKWARD, FORWARD, UPDATE, phase_of
-from jaxpar.memory_estimate import parse_bytes
-from jaxpar.trace import trace
-from jaxpar.verify import compiled_memory
-from jaxpar.verify import compiled_peak_bytes as compiled_peak
 from models.llama import llama_config, llama_example
 
 MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b": 2, "c": 2}}
@@ -558,9 +558,10 @@ def test_budget_under_overlap_reaches_a_sweeps_fastest_fitting_plan():
 def _fitting_sweep(free, budget, lams) -> list[float]:
     """The objectives of the fitting solutions of the Lagrangian problems at ``lams``, each
     the full search from the free plan, the proxy growing by every solution's peak."""
-    from jaxpar.budget import _Proxy
-    from jaxpar.evaluate import evaluate
-    from jaxpar.search import Problem, solve
+    from jaxpar.cost.evaluation import evaluate
+    from jaxpar.search.memory_budget import _Proxy
+    from jaxpar.solver.descent import solve
+    from jaxpar.solver.problem import Problem
 
     ctx, model, base = free.eval_context(), free.memory_model, free.tables.problem
     proxy = _Proxy(model, base.num_nodes)
@@ -581,7 +582,7 @@ def _fitting_sweep(free, budget, lams) -> list[float]:
 def test_tie_multiplier_is_where_the_brackets_plans_break_even():
     """`budget._tie`: Δtime / Δbytes of the bracket's two solutions when inside (lo, hi), else
     the geometric mean (or hi / 8 while nothing was over budget)."""
-    from jaxpar.budget import GROWTH, _tie
+    from jaxpar.search.memory_budget import GROWTH, _tie
 
     seen = types.SimpleNamespace(searched=lambda a: {(0,): 1.0, (1,): 1.5}[a])
     proxy = types.SimpleNamespace(total=lambda a: {(0,): 300.0, (1,): 100.0}[a])
@@ -595,7 +596,7 @@ def test_tie_multiplier_is_where_the_brackets_plans_break_even():
 def test_budget_multipliers_compare_what_the_lagrangian_prices(objective):
     """The Lagrangian problems are the search's tables + λ · bytes: Eq. 1 seconds under "time"
     and "overlap" (whose plans are then chosen by the overlapped step), bytes under "comm"."""
-    from jaxpar.budget import _Seen
+    from jaxpar.search.memory_budget import _Seen
 
     ctx = types.SimpleNamespace(params=types.SimpleNamespace(objective=objective))
     seen = _Seen(ctx, None, 1.0)

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from jaxpar.hardware import Cluster
-from jaxpar.meshes import MeshDescription, describe_mesh, make_mesh, resolve_cluster
+from jaxpar.trace.meshes import MeshDescription, describe_mesh, make_mesh, resolve_cluster
 
 pytestmark = pytest.mark.api
 

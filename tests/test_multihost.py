@@ -25,8 +25,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxpar
 import models
-from jaxpar import distributed
-from jaxpar.distributed import MultiHostMismatch
+from jaxpar.runtime import distributed
+from jaxpar.runtime.distributed import MultiHostMismatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")

@@ -10,7 +10,7 @@ from helpers import assert_equivalent, assert_fidelity
 
 import jaxpar
 import models
-from jaxpar.verify import compiled_memory
+from jaxpar.verify.compiled import compiled_memory
 
 pytestmark = pytest.mark.numerics
 

@@ -5,7 +5,7 @@ import pytest
 
 import jaxpar
 import models
-from jaxpar.overlap import COMM, COMPUTE, Task, Timeline, list_schedule, schedule
+from jaxpar.cost.overlap import COMM, COMPUTE, Task, Timeline, list_schedule, schedule
 
 
 def _event_simulation(tasks: list[Task]) -> list[int]:
@@ -213,7 +213,7 @@ def test_overlap_lower_bound_is_below_every_sampled_plan():
     """`choose.overlap_lower_bound` (Σ over nodes of the least t_C) is at most the overlapped
     step of every plan (2,000 sampled, the baselines, and the plan of least compute, which
     reaches it on the compute stream), and the chosen plan is the shortest candidate."""
-    from jaxpar.evaluate import evaluate
+    from jaxpar.cost.evaluation import evaluate
 
     step, params, batch = _tiny_step()
     plan = jaxpar.plan(step, params, batch, mesh={"data": 4}, cluster="p100", objective="overlap")
@@ -286,8 +286,8 @@ def test_combined_sync_problem_charges_gradient_all_reduces_their_combined_laten
     evaluation predicts, α · ring steps · (1 − share), share = max(min(1, buffer / 30 MiB),
     1 / 256) (XLA:GPU's combiner); no configuration of any node costs more than under Eq. 1,
     and a node without a gradient all-reduce costs the same."""
-    from jaxpar.collectives import ALL_REDUCE, ring_steps
-    from jaxpar.tables import combined_sync_problem
+    from jaxpar.cost.search_tables import combined_sync_problem
+    from jaxpar.hardware.collectives import ALL_REDUCE, ring_steps
 
     step, params, batch = _tiny_step()
     plan = jaxpar.plan(step, params, batch, mesh={"data": 4}, cluster="p100", objective="overlap")
@@ -392,7 +392,7 @@ def test_a_move_back_from_the_host_is_issued_ahead_by_its_own_time():
     its copy time, walking back over its own loop body; the nodes of another region stop it."""
     from types import SimpleNamespace
 
-    from jaxpar.step_timeline import _prefetch_after
+    from jaxpar.cost.step_timeline import _prefetch_after
 
     regions = [-1, -1, -1, -1, -1, 0, 0, 0]
     ng = SimpleNamespace(nodes=[SimpleNamespace(region=r) for r in regions])

@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import pytest
 
 import jaxpar
-from jaxpar.apply import warn_unpipelined
-from jaxpar.graph import SCAN_SLICE
-from jaxpar.kernels import node_kernels
-from jaxpar.options import PIPELINER_FLAGS
-from jaxpar.step_timeline import pipelining
+from jaxpar.cost.kernels import node_kernels
+from jaxpar.cost.step_timeline import pipelining
+from jaxpar.program.graph import SCAN_SLICE
+from jaxpar.runtime.auto_shard import warn_unpipelined
+from jaxpar.search.options import PIPELINER_FLAGS
 from models.scanned import scanned_config, scanned_example
 
 LAYERS, WIDTH, BATCH = 4, 512, 64

@@ -12,10 +12,10 @@ import pytest
 
 import jaxpar
 import models
-from jaxpar import Cluster
 from jaxpar.hardware import DeviceInfo, preset_sizing
+from jaxpar.hardware.cluster import Cluster
 from jaxpar.hardware.mesh_model import mesh_axes
-from jaxpar.meshes import detect_cluster, make_hardware_mesh
+from jaxpar.trace.meshes import detect_cluster, make_hardware_mesh
 
 TPUS = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e")
 GPUS = ("dgx-a100", "dgx-h200", "dgx-b200")

@@ -9,7 +9,7 @@ import pytest
 
 import jaxpar
 import models
-from jaxpar import report
+from jaxpar.planner import report
 
 pytestmark = pytest.mark.api
 

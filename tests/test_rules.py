@@ -13,7 +13,7 @@ import pytest
 from helpers import assert_equivalent
 
 import jaxpar
-from jaxpar.rules import space_of
+from jaxpar.rules.table import space_of
 
 pytestmark = pytest.mark.numerics
 
@@ -279,7 +279,7 @@ def _quiet_and_equal(mesh, step, args, caplog):
     """``step`` under the auto plan on ``mesh``: no warning, results equal to the unsharded
     step's (call it under ``jax.enable_x64`` with float64 ``args``); returns the sharded step
     and its predicted collectives against the compiled program's (`verify.fidelity`)."""
-    from jaxpar.verify import fidelity
+    from jaxpar.verify.compiled import fidelity
 
     with caplog.at_level(logging.WARNING, logger="jaxpar"):
         sharded = jaxpar.auto_shard(step, mesh=mesh)
@@ -432,7 +432,7 @@ def test_a_differentiated_shard_map_plans_its_automatic_axis_where_dims_pass(mes
     over ``data`` with a warning."""
     from jax.sharding import PartitionSpec as P
 
-    from jaxpar.cost import node_work
+    from jaxpar.cost.node_costs import node_work
 
     def mlp_body(x, w1, w2):
         return jax.lax.psum(jax.nn.relu(x @ w1) @ w2, "model")
@@ -473,8 +473,8 @@ def test_a_hand_written_kernel_splits_its_batch_over_the_automatic_axis(mesh, ca
     weight-gradient contractions over the split batch end in all-reduces over ``data``, which
     XLA combines into one, as predicted. Each body's work per device halves. Equal to the
     unsharded step in float64."""
-    from jaxpar.cost import node_work
-    from jaxpar.verify import fidelity
+    from jaxpar.cost.node_costs import node_work
+    from jaxpar.verify.compiled import fidelity
     from models.kernels import megatron_mlp_step
 
     step = megatron_mlp_step(mesh)
@@ -539,7 +539,7 @@ def test_body_dims_follow_what_a_split_passes_through():
     over the axes that split them."""
     from jax.sharding import PartitionSpec as P
 
-    from jaxpar.body_dims import body_dims
+    from jaxpar.rules.shard_map_body import body_dims
 
     def body(x, w):
         h = jnp.einsum("bsd,de->bse", x, w)
@@ -584,7 +584,7 @@ def test_a_differentiated_shard_map_keeps_its_residuals_where_they_are(mesh, cap
     "model")`` everywhere, the residuals are ordinary tensors of that layout.)"""
     from test_memory import FIDELITY_BAND
 
-    from jaxpar.verify import compiled_peak_bytes
+    from jaxpar.verify.compiled import compiled_peak_bytes
 
     step = _differentiated_attention_step(mesh, spec)
     rs = np.random.RandomState(0)
@@ -793,7 +793,7 @@ def test_a_platform_dependent_branch_index_plans_without_a_warning(mesh, caplog)
 def test_reduce_precision_that_drops_bits_stays():
     """Only a `reduce_precision` that keeps every bit of its type is the identity: one to
     bfloat16's bits on a float32 value rounds it, and stays in the program."""
-    from jaxpar.trace import trace
+    from jaxpar.trace.tracing import trace
 
     def step(x):
         full = jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=23)
@@ -971,7 +971,7 @@ def test_dropout_inside_a_scanned_stack_is_drawn_in_shards(mesh):
 
 def _ragged_space(shapes, dimension_numbers):
     """The space of one ``ragged_dot_general`` of operands of ``shapes`` (the last: group sizes)."""
-    from jaxpar.trace import trace
+    from jaxpar.trace.tracing import trace
 
     def f(lhs, rhs, sizes):
         return jax.lax.ragged_dot_general(lhs, rhs, sizes, dimension_numbers)

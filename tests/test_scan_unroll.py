@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import jaxpar
-from jaxpar.combine import COMBINERS, AllReduceItem, Combiner, combined_runs
-from jaxpar.graph import SCAN, Program, Region
-from jaxpar.verify import fidelity
+from jaxpar.program.graph import SCAN, Program, Region
+from jaxpar.verify.compiled import fidelity
+from jaxpar.xla.allreduce_combiner import COMBINERS, AllReduceItem, Combiner, combined_runs
 
 LAYERS, WIDTH, ROWS = 6, 64, 32
 

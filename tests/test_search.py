@@ -4,7 +4,9 @@ enumeration (pure, no jax)."""
 import numpy as np
 import pytest
 
-from jaxpar.search import Problem, SearchBudget, brute_force, evaluate, solve, solve_exact
+from jaxpar.solver.descent import solve
+from jaxpar.solver.elimination import solve_exact
+from jaxpar.solver.problem import Problem, SearchBudget, assignment_cost, brute_force
 
 pytestmark = pytest.mark.oracle
 
@@ -58,7 +60,7 @@ def test_dp_matches_brute_force(name, seed):
     assignment, value, _ = solve_exact(p)
     _, best = brute_force(p)
     assert value == pytest.approx(best, rel=1e-12, abs=1e-12)
-    assert evaluate(p, assignment) == pytest.approx(value, rel=1e-12)
+    assert assignment_cost(p, assignment) == pytest.approx(value, rel=1e-12)
 
 
 def test_wide_graph_falls_back_and_never_worsens_a_start():
@@ -70,8 +72,8 @@ def test_wide_graph_falls_back_and_never_worsens_a_start():
     starts = [[0] * n, [len(u) - 1 for u in p.unary]]
     sol = solve(p, starts=starts, budget=SearchBudget(table=50, enum=50))
     assert not sol.optimal  # too wide for a 50-entry budget: not certified
-    assert sol.objective <= min(evaluate(p, s) for s in starts) + 1e-12
-    assert evaluate(p, sol.assignment) == pytest.approx(sol.objective)
+    assert sol.objective <= min(assignment_cost(p, s) for s in starts) + 1e-12
+    assert assignment_cost(p, sol.assignment) == pytest.approx(sol.objective)
     exact = solve(p, starts=starts)  # with the default budget the same graph is exact
     assert exact.optimal
     assert exact.objective == pytest.approx(brute_force(p)[1])
@@ -80,8 +82,8 @@ def test_wide_graph_falls_back_and_never_worsens_a_start():
 def _descent_without_reuse(p, starts, budget):
     """Block coordinate descent as `solve` runs it, every block solved afresh."""
     best_x, best_val = None, float("inf")
-    for start in sorted(starts, key=lambda a: evaluate(p, a))[: budget.max_starts]:
-        x, val = list(start), evaluate(p, start)
+    for start in sorted(starts, key=lambda a: assignment_cost(p, a))[: budget.max_starts]:
+        x, val = list(start), assignment_cost(p, start)
         for _ in range(budget.max_rounds):
             improved = False
             for block in p.blocks:
@@ -126,7 +128,7 @@ def test_descent_reuses_block_solutions_without_changing_them(seed):
 def test_factors_over_several_nodes_are_exact(seed):
     """Tables over 3-4 nodes (a reshard shared by several readers) against enumeration, also
     with some nodes held fixed (block descent) and restricted (k-cut)."""
-    from jaxpar.kcut import restrict
+    from jaxpar.solver.kcut import restrict
 
     rng = np.random.default_rng(seed)
     n = 8
@@ -138,7 +140,7 @@ def test_factors_over_several_nodes_are_exact(seed):
     assignment, value, _ = solve_exact(p)
     best_assign, best = brute_force(p)
     assert value == pytest.approx(best, rel=1e-12)
-    assert evaluate(p, assignment) == pytest.approx(value, rel=1e-12)
+    assert assignment_cost(p, assignment) == pytest.approx(value, rel=1e-12)
     fixed = {0: best_assign[0], 5: best_assign[5]}
     _, fixed_value, _ = solve_exact(p, fixed)
     assert fixed_value == pytest.approx(best, rel=1e-12)
@@ -152,7 +154,7 @@ def test_add_factor_orders_its_nodes():
     table = np.arange(24.0).reshape(4, 2, 3)  # axes: node 2, node 0, node 1
     p.add_factor((2, 0, 1), table)
     assert p.factors[(0, 1, 2)].shape == (2, 3, 4)
-    assert evaluate(p, [1, 2, 3]) == table[3, 1, 2]
+    assert assignment_cost(p, [1, 2, 3]) == table[3, 1, 2]
     with pytest.raises(ValueError, match="distinct"):
         p.add_factor((0, 0, 1), np.zeros((2, 2, 3)))
 
@@ -162,9 +164,9 @@ def test_graph_eliminates_decides_as_the_priced_problem(seed):
     """`graph_eliminates` (no tables) answers as `eliminates` on the problem with tables, for
     random graphs with fixed (one-configuration) nodes and budgets on both sides of the line;
     and the tied graph (`choose.narrow_graph`) as the tied problem (`Tying.reduce`)."""
-    from jaxpar.blocks import Tying
-    from jaxpar.choose import narrow_graph
-    from jaxpar.search import eliminates, graph_eliminates
+    from jaxpar.nodes.repeated_blocks import Tying
+    from jaxpar.search.candidates import narrow_graph
+    from jaxpar.solver.elimination import eliminates, graph_eliminates
 
     rng = np.random.default_rng(seed)
     n = 14

@@ -7,7 +7,7 @@ import pytest
 
 from jaxpar.hardware import Cluster
 from jaxpar.hardware.mesh_model import mesh_axes
-from jaxpar.reshard import _reshard_linear, reshard_linear
+from jaxpar.xla.reshard_paths import _reshard_linear, reshard_linear
 
 
 def _random_spec(rng: random.Random, rank: int, axes: int):
@@ -50,7 +50,7 @@ def test_walk_matches_reshard_path_exactly(objective, gathers_free):
     prices both from one walk)."""
     import numpy as np
 
-    from jaxpar.reshard_tables import LinearTables, _walk_batch, _walk_linear
+    from jaxpar.cost.reshard_tables import LinearTables, _walk_batch, _walk_linear
 
     rng = random.Random(1)
     for mesh in (
@@ -90,8 +90,8 @@ def test_dense_reshard_patterns_equal_pair_by_pair(objective, gathers_free):
     first and this one reads its walks (`Walked`, as `linear_tables` shares them)."""
     import itertools
 
-    from jaxpar.configs import spec_of
-    from jaxpar.reshard_tables import WALK_BATCH, LinearTables, Walked
+    from jaxpar.cost.reshard_tables import WALK_BATCH, LinearTables, Walked
+    from jaxpar.nodes.configs import spec_of
 
     mesh = _mesh4()
     walked = Walked()
@@ -127,7 +127,7 @@ def test_shared_collective_prices_equal_each_nodes_own(objective):
 
     import jaxpar
     import models
-    from jaxpar.tables import node_tables
+    from jaxpar.cost.search_tables import node_tables
 
     for name, mesh in (("gpt_small", {"data": 2, "model": 4}), ("cnn", {"a": 2, "b": 2, "c": 2})):
         ex = models.get(name, small=True)
@@ -155,8 +155,8 @@ def test_read_diagonals_and_shared_tied_tables_equal_the_full_ones():
 
     import jaxpar
     import models
-    from jaxpar.blocks import find_repeats
-    from jaxpar.tables import ReshardTables
+    from jaxpar.cost.search_tables import ReshardTables
+    from jaxpar.nodes.repeated_blocks import find_repeats
 
     ex = models.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 2, "c": 2}, cluster="p100")
@@ -197,8 +197,8 @@ def test_combined_sync_savings_shared_by_alike_nodes_equal_each_nodes_own():
 
     import jaxpar
     import models
-    from jaxpar.graph import BACKWARD
-    from jaxpar.tables import _latency_saved, combined_sync_problem
+    from jaxpar.cost.search_tables import _latency_saved, combined_sync_problem
+    from jaxpar.program.graph import BACKWARD
 
     ex = models.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 2, "c": 2}, cluster="dgx-h100")
@@ -247,8 +247,8 @@ def test_compute_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
 
     import jaxpar
     import models
-    from jaxpar import choose
-    from jaxpar.evaluate import evaluate
+    from jaxpar.cost.evaluation import evaluate
+    from jaxpar.search import candidates as choose
 
     seen = []
 
@@ -294,7 +294,7 @@ def test_collector_paused_restores_it_and_promotes_what_planning_made():
     import gc
     import weakref
 
-    from jaxpar.planner import collector_paused
+    from jaxpar.planner.pipeline import collector_paused
 
     class Node:
         pass
@@ -360,7 +360,8 @@ def test_budget_evaluates_hand_plans_only_when_needed(name, small, fraction, mon
     evaluating every hand plan first, with no more evaluations."""
     import jaxpar
     import models
-    from jaxpar import budget, choose
+    from jaxpar.search import candidates as choose
+    from jaxpar.search import memory_budget as budget
 
     ex = models.get(name, small=small)
     kw = dict(mesh={"a": 2, "b": 4}, cluster="dgx-h100")

@@ -16,8 +16,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.hlo_text import shape_bytes
-from jaxpar.verify import (
+from jaxpar.verify.compiled import (
     HloCollective,
     collective_summary,
     compiled_collectives,
@@ -25,6 +24,7 @@ from jaxpar.verify import (
     parse_collectives,
     replica_group_size,
 )
+from jaxpar.verify.hlo_text import shape_bytes
 
 pytestmark = pytest.mark.closed_form
 

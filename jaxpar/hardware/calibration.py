@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import KINDS, ring_steps
+from .collectives import KINDS, ring_steps
 
 FORMAT = "jaxpar.calibration"  # the file's "format" field
 # the file's "version" field written; 2 added "kernel_overhead", 3 "contractions", 4 "host"
