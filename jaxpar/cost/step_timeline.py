@@ -52,22 +52,68 @@ def schedule_step(ctx, t_c, t_h, colls, own_of, riding, paths, gathered, top: bo
     A scan XLA runs in line is scheduled as a pipelined loop whose rounds are its all-reduces'
     combined runs (`_rounds`, `_lags`); one all-reduce combining every copy is issued where the
     scan's nodes have all run (``at_end``), since its last copy's gradient comes last."""
-    uses, nodes = ctx.tables.uses, ctx.ng.nodes
-    line = Timeline()
-    order, into, deferred, srcs, producers = _stream_order(ctx)
-    moves = _host_nodes(ctx)  # node -> whether it moves to the host (else from it)
-    prefetch = _prefetch_after(ctx.ng, order, t_c, t_h, moves)
-    behind, ahead = pipelining(ctx)
-    late: dict[int, int] = {}  # node -> its all-reduce run an iteration behind (its last)
-    started: dict[int, int] = {}  # pipelined loop -> a marker task where its compute starts
-    early: dict[int, int] = {}  # ``top``: loop -> its all-reduces run behind, but the last
+    return _StepSchedule(ctx, t_c, t_h, colls, own_of, riding, paths, gathered, top).schedule()
 
-    def read(u: int) -> int | None:
+
+class _StepSchedule:
+    """The state of one `schedule_step`: the timeline, what each node reads through, the
+    combined all-reduce groups still open, and the loops' pipelined all-reduces."""
+
+    def __init__(self, ctx, t_c, t_h, colls, own_of, riding, paths, gathered, top: bool):
+        self.ctx, self.t_c, self.t_h, self.colls = ctx, t_c, t_h, colls
+        self.own_of, self.riding, self.paths, self.gathered, self.top = (
+            own_of, riding, paths, gathered, top
+        )  # fmt: skip
+        self.uses, self.nodes, self.program = ctx.tables.uses, ctx.ng.nodes, ctx.ng.program
+        self.line = line = Timeline()
+        self.ready = line.ready
+        self.order, self.into, self.deferred, self.srcs, self.producers = _stream_order(ctx)
+        self.moves = _host_nodes(ctx)  # node -> whether it moves to the host (else from it)
+        self.prefetch = _prefetch_after(ctx.ng, self.order, t_c, t_h, self.moves)
+        self.behind, self.ahead = pipelining(ctx)
+        self.late: dict[int, int] = {}  # node -> its all-reduce run an iteration behind (last)
+        self.started: dict[int, int] = {}  # pipelined loop -> a marker where its compute starts
+        self.early: dict[int, int] = {}  # ``top``: loop -> its all-reduces run behind, but last
+        self.groups, self.member_of = _combined_groups(self.order, colls, own_of)
+        self.owner = {k: v for v, ks in enumerate(own_of) for k in ks}  # collective -> node
+        self.moved = (
+            _behind_seconds(ctx, colls, self.owner, riding, self.groups, self.behind) if top else {}
+        )
+        self.left = {g: len(members) for g, (members, _) in self.groups.items()}  # not yet run
+        # nodes run before a group's collective that read its members' results, directly or
+        # not (a weight gradient's transpose): their results are ready only once it finished
+        self.waits: dict[int, set[int]] = {}  # node -> the open groups it waits for
+        self.waiting: dict[int, list[int]] = {g: [] for g in self.groups}  # group -> waiters
+        # scan run in line -> what waits for its end: (combined group, None) or (node, seconds)
+        self.at_end: dict[int, list[tuple[int, float | None]]] = {}
+
+    def schedule(self) -> Timeline:
+        """List-schedule the nodes in program order, then the scans' ends and deferred reads."""
+        prefetch, producers, nodes = self.prefetch, self.producers, self.nodes
+        list_schedule(
+            self.line,
+            self.order,
+            lambda v: (
+                (*producers.get(v, ()), prefetch[v]) if v in prefetch else producers.get(v, ())
+            ),
+            lambda v: nodes[v].region,
+            self.issue,
+            self.scheduled,
+        )
+        for loop in list(self.at_end):
+            self.ended(loop)
+        for u in self.deferred:
+            self.read(u)
+        return self.line
+
+    def read(self, u: int) -> int | None:
+        """The reshards of read ``u`` on the communication stream; the task it waits for."""
+        line, uses = self.line, self.uses
         last = None
-        steps = paths.get(u, ())
+        steps = self.paths.get(u, ())
         share = 1.0
-        if u in ahead and u in gathered:  # the first iteration's gathers, waited on
-            share = 1.0 / _rounds(ctx.ng.program, nodes[uses[u].dst].region)
+        if u in self.ahead and u in self.gathered:  # the first iteration's gathers, waited on
+            share = 1.0 / _rounds(self.program, self.nodes[uses[u].dst].region)
         for key, seconds in steps:
             last = line.reshard(key, uses[u].src, last, seconds * share)
         if share < 1.0:  # the rest, each during the iteration before its own
@@ -76,139 +122,138 @@ def schedule_step(ctx, t_c, t_h, colls, own_of, riding, paths, gathered, top: bo
                 rest = line.reshard((*key, "ahead"), uses[u].src, rest, seconds * (1 - share))
         return last if last is not None else line.ready.get(uses[u].src)
 
-    ready = line.ready
-    groups, member_of = _combined_groups(order, colls, own_of)
-    owner = {k: v for v, ks in enumerate(own_of) for k in ks}  # collective -> its node
-    program = ctx.ng.program
-    moved = _behind_seconds(ctx, colls, owner, riding, groups, behind) if top else {}
-    left = {g: len(members) for g, (members, _) in groups.items()}  # members not yet run
-    # nodes run before a group's collective that read its members' results, directly or not
-    # (a weight gradient's transpose): their results are ready only once it has finished
-    waits: dict[int, set[int]] = {}  # node -> the open groups it waits for
-    waiting: dict[int, list[int]] = {g: [] for g in groups}  # open group -> its waiting nodes
-
-    def issue(v: int) -> list[int | None]:
-        tasks = [read(u) if u in paths else ready.get(srcs[u]) for u in into.get(v, ())]
-        if late:  # outside the loop, a stack waits for its all-reduces run an iteration behind
+    def issue(self, v: int) -> list[int | None]:
+        """The tasks node ``v`` waits for: its reads, a lagging stack's all-reduces, a
+        prefetched move back from the host."""
+        into, srcs, nodes = self.into, self.srcs, self.nodes
+        tasks = [
+            self.read(u) if u in self.paths else self.ready.get(srcs[u]) for u in into.get(v, ())
+        ]
+        if self.late:  # outside the loop, a stack waits for its all-reduces run a round behind
             loop = nodes[v].region
-            tasks += [late.get(srcs[u]) for u in into.get(v, ()) if nodes[srcs[u]].region != loop]
-        if moves.get(v) is False:  # a move back from the host: prefetched
-            if v in prefetch:
-                tasks.append(line.computed[prefetch[v]])
-            tasks = [line.add(FROM_HOST, t_h[v], tasks)]
+            tasks += [
+                self.late.get(srcs[u]) for u in into.get(v, ()) if nodes[srcs[u]].region != loop
+            ]
+        if self.moves.get(v) is False:  # a move back from the host: prefetched
+            if v in self.prefetch:
+                tasks.append(self.line.computed[self.prefetch[v]])
+            tasks = [self.line.add(FROM_HOST, self.t_h[v], tasks)]
         return tasks
 
-    def behind_task(loop: int, seconds: float, deps: list, runs: int) -> int:
+    def behind_task(self, loop: int, seconds: float, deps: list, runs: int) -> int:
         """An all-reduce run an iteration behind: all rounds' but the last (at the top, or here
         where its producer has run), the last after ``deps``; the later of the two (``runs``:
         of its combined all-reduce, `_rounds`)."""
-        rounds = _rounds(ctx.ng.program, loop, runs)
-        if top:
-            rest = early[loop]
+        line = self.line
+        rounds = _rounds(self.program, loop, runs)
+        if self.top:
+            rest = self.early[loop]
         else:
-            rest = line.add(COMM, seconds * (rounds - 1) / rounds, [started[loop]])
+            rest = line.add(COMM, seconds * (rounds - 1) / rounds, [self.started[loop]])
         last = line.add(COMM, seconds / rounds, deps)
         return last if line.finish[last] >= line.finish[rest] else rest
 
-    def run(v: int, reads: list[int | None]) -> None:
-        loop = nodes[v].region
-        if loop in ctx.pipelined and loop not in started:
-            started[loop] = line.add(COMPUTE, 0.0)
-            if loop in moved:
-                early[loop] = line.add(COMM, moved[loop], [started[loop]])
+    def start_loop(self, loop: int) -> None:
+        """A pipelined loop's first node: mark where its compute starts (and, ``top``, issue
+        the all-reduces run an iteration behind there)."""
+        if loop in self.ctx.pipelined and loop not in self.started:
+            self.started[loop] = self.line.add(COMPUTE, 0.0)
+            if loop in self.moved:
+                self.early[loop] = self.line.add(COMM, self.moved[loop], [self.started[loop]])
+
+    def own_collectives(self, v: int) -> tuple[list, list, list]:
+        """Node ``v``'s own collectives not combined with others' (seconds): those before its
+        results are ready, the all-reduces after, and those run an iteration behind (with the
+        runs of their combined all-reduce); all-reduces of a scan run in line's copies wait for
+        the scan's end (``at_end``)."""
+        program, loop = self.program, self.nodes[v].region
         before, after, later = [], [], []
-        for k in own_of[v]:
-            c = colls[k]
-            if c.group in groups:
+        for k in self.own_of[v]:
+            c = self.colls[k]
+            if c.group in self.groups:
                 continue  # runs with its combined all-reduce, after the group's last member
-            seconds = c.time_s - riding.get(k, 0.0)
+            seconds = c.time_s - self.riding.get(k, 0.0)
             if c.kind != ALL_REDUCE:
                 before.append(seconds)
+            elif v in self.behind and _lags(program, loop, c.group_runs):
+                later.append((seconds, c.group_runs))
+            elif _in_line_copies(program, loop) > 1 and _rounds(program, loop, c.group_runs) == 1:
+                self.at_end.setdefault(loop, []).append((v, seconds))  # the copies' in one
             else:
-                if v in behind and _lags(program, loop, c.group_runs):
-                    later.append((seconds, c.group_runs))
-                elif (
-                    _in_line_copies(program, loop) > 1 and _rounds(program, loop, c.group_runs) == 1
-                ):
-                    at_end.setdefault(loop, []).append((v, seconds))  # the copies' in one
-                else:
-                    after.append(seconds)
-        if moves.get(v):  # a move to the host: after its operand, on the to-host copy engine
-            reads = [line.add(TO_HOST, t_h[v], reads)]
-        if v in moves and not (t_c[v] or before or after):  # a copy and nothing else
+                after.append(seconds)
+        return before, after, later
+
+    def run(self, v: int, reads: list[int | None]) -> None:
+        """Node ``v`` on the streams, after ``reads``; then the groups it closes."""
+        line, ready, late, into, srcs = self.line, self.ready, self.late, self.into, self.srcs
+        loop = self.nodes[v].region
+        self.start_loop(loop)
+        before, after, later = self.own_collectives(v)
+        if self.moves.get(v):  # a move to the host: after its operand, on the to-host engine
+            reads = [line.add(TO_HOST, self.t_h[v], reads)]
+        if v in self.moves and not (self.t_c[v] or before or after):  # a copy and nothing else
             ready[v] = reads[0]
         else:
-            line.node(v, t_c[v], reads, before, after)
+            line.node(v, self.t_c[v], reads, before, after)
         for seconds, runs in later:
-            _latest(line, late, v, behind_task(loop, seconds, [ready[v]], runs))
+            _latest(line, late, v, self.behind_task(loop, seconds, [ready[v]], runs))
         if late:  # formatting and stacking results reduced an iteration behind
             for u in into.get(v, ()):
                 _latest(line, late, v, late.get(srcs[u]))
-        pending = member_of.get(v, set()).union(*(waits.get(srcs[u], ()) for u in into.get(v, ())))
-        pending = {g for g in pending if g in waiting}
+        pending = self.member_of.get(v, set()).union(
+            *(self.waits.get(srcs[u], ()) for u in into.get(v, ()))
+        )
+        pending = {g for g in pending if g in self.waiting}
         if pending:
-            waits[v] = pending
+            self.waits[v] = pending
             for g in pending:
-                waiting[g].append(v)
+                self.waiting[g].append(v)
         # a combined group's collective, once its last member has run: one collective takes
         # every operand
-        for g in member_of.get(v, ()):
-            left[g] -= 1
-            if not left[g]:
-                issue_group(g, loop)
+        for g in self.member_of.get(v, ()):
+            self.left[g] -= 1
+            if not self.left[g]:
+                self.issue_group(g, loop)
 
-    def issue_group(g: int, loop: int, end: int | None = None) -> None:
+    def issue_group(self, g: int, loop: int, end: int | None = None) -> None:
         """A combined group's collective, once its last member has run (in ``loop``); one that
         combines the copies of a scan run in line waits for the scan's ``end``: its last copy
         runs last (the body's nodes run once for all copies here)."""
-        members, ks = groups[g]
+        colls, nodes, riding = self.colls, self.nodes, self.riding
+        members, ks = self.groups[g]
         runs = colls[ks[0]].group_runs
-        lagging = _moved_members(program, nodes, members, behind, runs)
-        if end is None and len(lagging) < len(members) and _in_line_copies(program, loop) > 1:
-            at_end.setdefault(loop, []).append((g, None))
+        lagging = _moved_members(self.program, nodes, members, self.behind, runs)
+        if end is None and len(lagging) < len(members) and _in_line_copies(self.program, loop) > 1:
+            self.at_end.setdefault(loop, []).append((g, None))
             return
-        for part, tasks in ((lagging, late), (set(members) - lagging, ready)):
+        for part, tasks in ((lagging, self.late), (set(members) - lagging, self.ready)):
             if not part:
                 continue
-            seconds = sum(colls[k].time_s - riding.get(k, 0.0) for k in ks if owner[k] in part)
-            deps = [ready[m] for m in members if m in part]
+            seconds = sum(colls[k].time_s - riding.get(k, 0.0) for k in ks if self.owner[k] in part)
+            deps = [self.ready[m] for m in members if m in part]
             if part is lagging:
-                task = behind_task(nodes[next(iter(part))].region, seconds, deps, runs)
+                task = self.behind_task(nodes[next(iter(part))].region, seconds, deps, runs)
             else:
-                task = line.add(COMM, seconds, [*deps, end])
-            for t in waiting[g]:
-                _latest(line, tasks, t, task)
-        del waiting[g]
+                task = self.line.add(COMM, seconds, [*deps, end])
+            for t in self.waiting[g]:
+                _latest(self.line, tasks, t, task)
+        del self.waiting[g]
 
-    def ended(loop: int) -> None:
+    def ended(self, loop: int) -> None:
         """A scan run in line has run all its nodes: the all-reduces combining its copies."""
+        line = self.line
         end = line.add(COMPUTE, 0.0)
-        for g, seconds in at_end.pop(loop):
+        for g, seconds in self.at_end.pop(loop):
             if seconds is None:
-                issue_group(g, loop, end)
+                self.issue_group(g, loop, end)
             else:  # a node's own all-reduce of every copy
-                _latest(line, ready, g, line.add(COMM, seconds, [ready[g], end]))
+                _latest(line, self.ready, g, line.add(COMM, seconds, [self.ready[g], end]))
 
-    def scheduled(v: int, reads: list[int | None]) -> None:
-        for loop in [r for r in at_end if r != nodes[v].region]:
-            ended(loop)
-        run(v, reads)
-
-    # scan run in line -> what waits for its end: (combined group, None) or (node, seconds)
-    at_end: dict[int, list[tuple[int, float | None]]] = {}
-    list_schedule(
-        line,
-        order,
-        lambda v: (*producers.get(v, ()), prefetch[v]) if v in prefetch else producers.get(v, ()),
-        lambda v: nodes[v].region,
-        issue,
-        scheduled,
-    )
-    for loop in list(at_end):
-        ended(loop)
-    for u in deferred:
-        read(u)
-    return line
+    def scheduled(self, v: int, reads: list[int | None]) -> None:
+        """List scheduling's callback: close the in-line scans ``v`` leaves, then run ``v``."""
+        for loop in [r for r in self.at_end if r != self.nodes[v].region]:
+            self.ended(loop)
+        self.run(v, reads)
 
 
 def _host_nodes(ctx) -> dict[int, bool]:

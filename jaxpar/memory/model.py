@@ -236,19 +236,47 @@ class MemoryModel(BufferReads):
     ) -> tuple[MemoryEstimate, int]:
         """The estimate and the equation at its peak; ``record`` (if given) receives
         (tensor, born, dies) of every buffer."""
+        cfg, spec, out_specs = self._layouts(assignment)
+        args = self._arguments(spec)
+        combine_at, scattered, delayed = self._sync_schedule(cfg, spec)
+        buffers, in_flight = self._all_buffers(cfg, spec, out_specs, combine_at, scattered, delayed)
+        results = self._results(out_specs, delayed)
+        outputs = sum(size for size, _ in results)
+        hosted = hosted_in_results(buffers, results)
+        at, live_at, peak_live = self._peak(buffers, hosted, in_flight, cfg, record)
+        eq = min(at // STEPS, self.n_eqns - 1)
+        estimate = MemoryEstimate(
+            params=args["params"], optimizer=args["optimizer"], batch=args["batch"],
+            other_args=args["other"], outputs=outputs, activations=live_at[FORWARD],
+            gradients=live_at[BACKWARD], temporaries=live_at[UPDATE],
+            peak=sum(args.values()) + outputs + peak_live,
+            peak_phase=self.phase_of_eqn[eq] if self.n_eqns else "",
+            peak_layer=self.label_of_eqn[eq] if self.n_eqns else "", budget=budget,
+            margin=CPU_MODEL_MARGIN if self.cpu else MODEL_MARGIN,
+        )  # fmt: skip
+        return estimate, at / STEPS
+
+    def _layouts(self, assignment: Sequence[int]) -> tuple[list, dict, dict]:
+        """Each node's configuration, every tensor's layout, and each result's (a state result
+        takes the layout of the argument it becomes)."""
         inp, ng = self.inp, self.inp.ng
-        program = ng.program
         cfg = [inp.configs[v][a] for v, a in enumerate(assignment)]
         spec: dict[int, tuple] = {}
         for node in ng.nodes:
             for t, m in node.tensor_maps.items():
                 spec[t] = spec_of(m, cfg[node.index])
-        args = self._arguments(spec)
         out_specs = {}
-        for t in program.outvars:
+        for t in ng.program.outvars:
             if t is not None:
                 out_specs[t] = spec[inp.feedback[t]] if t in inp.feedback else spec.get(t, ())
-        tensors = program.tensors
+        return cfg, spec, out_specs
+
+    def _sync_schedule(self, cfg: list, spec: dict) -> tuple[dict, set, dict]:
+        """Where the gradient all-reduces run: (tensor -> the combined all-reduce it waits
+        for, the reduced tensors reduce-scattered, equation -> where its result is delayed
+        to); selects the reads (`_select_reads`) of this assignment first."""
+        inp, ng = self.inp, self.inp.ng
+        program, tensors = ng.program, ng.program.tensors
         self._select_reads(
             frozenset(
                 t
@@ -267,10 +295,12 @@ class MemoryModel(BufferReads):
             ng, self.producer_eqn, self.position, self.fused_into, combine_at, SYNC_AFTER,
             self.update_group,
         )  # fmt: skip
-        buffers: list[Buffer] = []
+        return combine_at, scattered, delayed
 
-        # a reshard's in-flight bytes, per grid position: reshards run one at a time, so the
-        # largest counts there, not their sum
+    def _all_buffers(self, cfg, spec, out_specs, combine_at, scattered, delayed):
+        """Every tensor's buffers (`_tensor_buffers`), and a reshard's in-flight bytes per grid
+        position: reshards run one at a time, so the largest counts there, not their sum."""
+        buffers: list[Buffer] = []
         in_flight = np.zeros(STEPS * (self.n_eqns + 2))
 
         def registers(t: int) -> Callable[..., None]:
@@ -293,23 +323,29 @@ class MemoryModel(BufferReads):
                 t, self.reads[t], cfg, spec, out_specs, combine_at, scattered, inherited,
                 delayed, registers(t),
             )  # fmt: skip
+        return buffers, in_flight
+
+    def _results(self, out_specs: dict, delayed: dict) -> list[tuple[float, int]]:
+        """(bytes, equation writing it) of each result with an allocation of its own: a node's
+        results are one (multi-output) fusion, all written by its first one."""
+        inp, ng = self.inp, self.inp.ng
         own = [t for t in out_specs if not (t in inp.feedback and inp.feedback[t] in inp.donated)]
-        # a node's results are one (multi-output) fusion: all written by its first one
         first: dict[int, int] = {}
         for t in own:
             if t in self.producer_eqn:
                 v = ng.node_of_eqn[self.producer_eqn[t]]
                 made = self.producer_eqn[t]
                 first[v] = min(first.get(v, self.end), delayed.get(made, self._made_at(t)))
-        results = [  # (bytes, equation writing it): an allocation of its own
+        return [
             (self._bytes(t, out_specs[t]),
              first[ng.node_of_eqn[self.producer_eqn[t]]] if t in self.producer_eqn else 0)
             for t in own
         ]  # fmt: skip
-        outputs = sum(size for size, _ in results)
-        hosted = hosted_in_results(buffers, results)
-        # positions are equations' and the combined all-reduces' between them: a grid of
-        # STEPS points per equation
+
+    def _peak(self, buffers, hosted, in_flight, cfg, record) -> tuple[int, dict, float]:
+        """The grid position of the peak, the bytes live there per phase, and the peak's live
+        bytes. Positions are equations' and the combined all-reduces' between them: a grid of
+        STEPS points per equation."""
         n = STEPS * (self.n_eqns + 2)
         delta = np.zeros(n)
         kinds = {FORWARD: np.zeros(n), BACKWARD: np.zeros(n), UPDATE: np.zeros(n)}
@@ -330,17 +366,7 @@ class MemoryModel(BufferReads):
         live_at = {k: float(np.cumsum(v)[at]) for k, v in kinds.items()}
         live_at[UPDATE] += float(in_flight[at] + workspace[at])  # with the temporaries
         peak_live = float(profile[at]) if len(profile) else 0.0
-        eq = min(at // STEPS, self.n_eqns - 1)
-        estimate = MemoryEstimate(
-            params=args["params"], optimizer=args["optimizer"], batch=args["batch"],
-            other_args=args["other"], outputs=outputs, activations=live_at[FORWARD],
-            gradients=live_at[BACKWARD], temporaries=live_at[UPDATE],
-            peak=sum(args.values()) + outputs + peak_live,
-            peak_phase=self.phase_of_eqn[eq] if self.n_eqns else "",
-            peak_layer=self.label_of_eqn[eq] if self.n_eqns else "", budget=budget,
-            margin=CPU_MODEL_MARGIN if self.cpu else MODEL_MARGIN,
-        )  # fmt: skip
-        return estimate, at / STEPS
+        return at, live_at, peak_live
 
     def _sync_tensors(self, cfg: Sequence[Config]) -> tuple[dict[int, int], set[int]]:
         """Of the gradient-sync nodes: their anchors' reduced results -> producing equation,
@@ -370,11 +396,7 @@ class MemoryModel(BufferReads):
         if not (external or fused or (self.cpu and t in self.producer_eqn and self._half(t))):
             return  # read only where it is made, and no copy of it: no buffer of its own
         born = delayed.get(made_by, born)
-        have = spec.get(t, ())
-        if t in self.generated:  # computed from no data: XLA makes it in its readers' layout
-            wants = {spec_of(dst_map, cfg[dst]) for _, dst, dst_map, *_ in external}
-            if len(wants) == 1:
-                have = wants.pop()
+        have = self._made_layout(t, external, cfg, spec)
         # an update of arguments alone (a decayed moment) read in another layout: XLA:CPU
         # computes and reshards it at the step's start, as it gathers parameters
         for at, dst, dst_map, eqn in fused:
@@ -389,10 +411,48 @@ class MemoryModel(BufferReads):
             born, synced_at = inherited.pop(t)
         else:
             synced_at = combine_at.get(t)
+        direct, copies = self._split_reads(t, external, have, cfg, delayed, is_arg)
+        scatter = (
+            t in scattered
+            and copies
+            and max([born] + [at for at, _, _ in direct]) == born
+            and all(self._slices_only(t, have, want) for want in copies)
+        )
+        self._copy_buffers(t, have, copies, born, phase, scatter, live)
+        if t in self.producer_eqn and self.cpu and self._half(t):
+            e = self.inp.ng.program.eqns[self.producer_eqn[t]]
+            if e.primitive in UPCAST_READERS:  # the float32 result, converted back at once
+                live(2 * self._bytes(t, have), born, born, phase)
+        if is_arg:
+            self._argument_copies(t, have, direct, born, phase, live)
+            return
+        if not external:
+            return  # a tensor read only in its node is fused
+        if self._fused_where_made(t, direct, copies, external, born):
+            return
+        if t in self.outvar_set and out_specs.get(t) == have:
+            return  # the produced buffer is the result (counted as an output)
+        self._produced_buffer(
+            t, have, direct, spec, born, synced_at, in_place, phase, inherited, live
+        )
+
+    def _made_layout(self, t: int, external, cfg, spec) -> tuple:
+        """The layout ``t`` is made in: its own, but a tensor computed from no data is made in
+        its readers' layout when they agree on one."""
+        have = spec.get(t, ())
+        if t in self.generated:  # computed from no data: XLA makes it in its readers' layout
+            wants = {spec_of(dst_map, cfg[dst]) for _, dst, dst_map, *_ in external}
+            if len(wants) == 1:
+                have = wants.pop()
+        return have
+
+    def _split_reads(self, t, external, have, cfg, delayed, is_arg) -> tuple[list, dict]:
+        """The reads of ``t`` in its own layout, (at, upcast, transposed copy), and the others
+        per layout wanted. A transposed copy for a convolution is made of a stored buffer: an
+        argument, an unfused result or a resharded copy (XLA fuses it into an elementwise
+        producer)."""
         copies: dict[tuple, list[tuple[int, bool, bool]]] = {}
         direct: list[tuple[int, bool, bool]] = []
-        # a transposed copy for a convolution is made of a stored buffer: an argument, an
-        # unfused result or a resharded copy (XLA fuses it into an elementwise producer)
         stored = is_arg or self.unfused.get(t, False)
         for at, dst, dst_map, upcast, turned, eqn in external:
             at = delayed.get(eqn, at)
@@ -401,13 +461,10 @@ class MemoryModel(BufferReads):
                 direct.append((at, upcast, turned and stored))
             else:
                 copies.setdefault(want, []).append((at, upcast, turned))
-        last_direct = max([born] + [at for at, _, _ in direct])
-        scatter = (
-            t in scattered
-            and copies
-            and last_direct == born
-            and all(self._slices_only(t, have, want) for want in copies)
-        )
+        return direct, copies
+
+    def _copy_buffers(self, t, have, copies, born, phase, scatter, live) -> None:
+        """The resharded copies of ``t``, one per layout its readers want."""
         nbytes, shared = self.inp.ng.program.tensors[t].nbytes, {}
         if self.cpu and len(copies) > 1:
             late = {w for w, reads in copies.items() if self._backward_only(reads)}
@@ -421,31 +478,29 @@ class MemoryModel(BufferReads):
                 # result until this copy's first read, where it runs the rest
                 first = min(r[0] for r in reads)
                 live(self._bytes(t, shared[want]), born, first, phase)
-            last_direct = max(last_direct, first)  # the copy is made from the original
             self._buffer(self._bytes(t, want), first, reads, phase, live)
             if t in self.prefetched and self._gathers_only(t, have, want):
                 live(self._bytes(t, want), *self.prefetched[t], phase)  # the next iteration's
             if self.cpu and not scatter:
                 in_flight = reshard_in_flight(nbytes, have, want, self.inp.sizes)
                 live(max(in_flight - self._bytes(t, want), 0.0), first, first, phase, flying=True)
-        if t in self.producer_eqn and self.cpu and self._half(t):
-            e = self.inp.ng.program.eqns[self.producer_eqn[t]]
-            if e.primitive in UPCAST_READERS:  # the float32 result, converted back at once
-                live(2 * self._bytes(t, have), born, born, phase)
-        if is_arg:  # counted whole; a float32 copy for 16-bit dots on XLA:CPU
-            dots = [at for at, up, turned in direct if up and not turned]
-            if dots:
-                live(2 * self._bytes(t, have), min(dots), max(dots), phase)
-            turned = [at for at, _, tr in direct if tr]
-            if turned:  # made at the step's start, as XLA:CPU makes a parameter's layouts
-                live(self._bytes(t, have), born, max(turned), phase)
-            return
-        if not external:
-            return  # a tensor read only in its node is fused
-        if self._fused_where_made(t, direct, copies, external, born):
-            return
-        if t in self.outvar_set and out_specs.get(t) == have:
-            return  # the produced buffer is the result (counted as an output)
+
+    def _argument_copies(self, t, have, direct, born, phase, live) -> None:
+        """An argument is counted whole; on XLA:CPU a float32 copy for 16-bit dots, and the
+        transposed copies made at the step's start, as XLA:CPU makes a parameter's layouts."""
+        dots = [at for at, up, turned in direct if up and not turned]
+        if dots:
+            live(2 * self._bytes(t, have), min(dots), max(dots), phase)
+        turned = [at for at, _, tr in direct if tr]
+        if turned:
+            live(self._bytes(t, have), born, max(turned), phase)
+
+    def _produced_buffer(
+        self, t, have, direct, spec, born, synced_at, in_place, phase, inherited, live
+    ) -> None:
+        """The buffer ``t`` is produced in, until its last direct read: a view's, when ``t`` is
+        a same-sized view read once (the view inherits it); a partial sum until its combined
+        all-reduce, then the reduced sum."""
         size = self._bytes(t, have)
         view = self.view_of.get(t)
         if (

@@ -204,137 +204,177 @@ def fit_budget(
     tick: Callable[[str], None] | None = None,
 ) -> tuple[Choice, BudgetFit]:
     """``choice`` if its peak fits ``budget``; else the fastest plan found that fits."""
-    tick = tick or (lambda _detail: None)
     first, first_peak = model.estimate_with_peak(choice.assignment, budget)
     if budget is None or first.fits or choice.strategy not in ("auto", "hypar"):
         return choice, BudgetFit(first, False, None, 0)
-    seen = _Seen(ctx, model, budget)
-    free = seen.add(choice.assignment, None, choice.evaluation)
-    seen.estimates[free], seen.peaks[free] = first, first_peak
-    for name, a in choice.baselines.assignments.items():
-        seen.add_later(a, functools.partial(choice.baselines.evaluation, name))
-    for run in choice.runs.values():
-        seen.add(run.assignment, None, run.evaluation)
-    base, tying = ctx.tables.problem, choice.tying
-    if tying is not None:  # search the tied space, as `choose` did
-        base = tying.reduce(base, choice.tied_tables)
-    proxy = _Proxy(model, ctx.tables.problem.num_nodes)
-    proxy.add(first_peak)
-    # descent from the best start only: the starts are the latest λ's solution and the fastest
-    # plan that fits, already near the optimum of the next λ; the last solve (at the smallest λ
-    # that fit) runs the search's own rounds from two starts, since a short descent snaps to
-    # its start (a third start cost 40 % of the budget's solve time and changed no plan measured)
-    search_budget = dataclasses.replace(options.budget, max_starts=1, max_rounds=3)
-    both_ends = dataclasses.replace(search_budget, max_starts=2)
-    one_round = dataclasses.replace(search_budget, max_starts=1, max_rounds=1)
-    solves = 0
-    last: list[tuple[int, ...]] = []  # the latest solution (a warm start for the next)
-    solved: dict[tuple, dict] = {}  # (λ, priced tensors) -> block solutions of that problem
+    search = _MultiplierSearch(ctx, options, model, budget, choice, tick)
+    search.start(first, first_peak)
+    hi = search.bracket()
+    if hi is not None:
+        search.polish(hi)
+    best = search.seen.best_fit()
+    if best is None:
+        raise MemoryBudgetError(_no_fit_message(search.seen.smallest(), budget, model))
+    evaluation, estimate = search.seen.evaluations[best], search.seen.estimate(best)
+    chosen = dataclasses.replace(choice, assignment=best, evaluation=evaluation, optimal=False)
+    return chosen, BudgetFit(estimate, True, search.seen.lam[best], search.solves)
 
-    def solve_at(
-        lam: float, search_budget=search_budget, more=(), from_free: bool = True
-    ) -> tuple[int, ...]:
-        """The solution at ``lam`` from ``more`` and the warm starts; ``from_free``: also one
-        round from the searched plan, unless the solve started there."""
-        nonlocal solves
-        solves += 1
-        node_bytes = proxy.nodes
-        if tying is not None:
-            node_bytes = [sum(node_bytes[v] for v in c) for c in tying.classes]
-        problem = Problem(
+
+class _MultiplierSearch:
+    """The Lagrangian search for the budget: the problem with λ · bytes held (`_Proxy`) added
+    to each node's cost, solved at growing λ until a solution fits, then bisected between the
+    largest λ over and the smallest that fits; every solution seen is a candidate (`_Seen`)."""
+
+    def __init__(self, ctx, options, model, budget, choice: Choice, tick) -> None:
+        self.ctx, self.options, self.choice = ctx, options, choice
+        self.tick = tick or (lambda _detail: None)
+        self.seen = _Seen(ctx, model, budget)
+        self.base, self.tying = ctx.tables.problem, choice.tying
+        if self.tying is not None:  # search the tied space, as `choose` did
+            self.base = self.tying.reduce(self.base, choice.tied_tables)
+        self.proxy = _Proxy(model, ctx.tables.problem.num_nodes)
+        # descent from the best start only: the starts are the latest λ's solution and the
+        # fastest plan that fits, already near the optimum of the next λ; the last solve (at
+        # the smallest λ that fit) runs the search's own rounds from two starts, since a short
+        # descent snaps to its start (a third start cost 40 % of the budget's solve time and
+        # changed no plan measured)
+        self.search_budget = dataclasses.replace(options.budget, max_starts=1, max_rounds=3)
+        self.both_ends = dataclasses.replace(self.search_budget, max_starts=2)
+        self.one_round = dataclasses.replace(self.search_budget, max_starts=1, max_rounds=1)
+        self.solves = 0
+        self.last: list[tuple[int, ...]] = []  # the latest solution (a warm start for the next)
+        self.solved: dict[tuple, dict] = {}  # (λ, priced tensors) -> block solutions
+
+    def start(self, first: MemoryEstimate, first_peak: frozenset[int]) -> None:
+        """Every plan the search stage found, and the hand plans (evaluated when needed)."""
+        seen, choice = self.seen, self.choice
+        self.free = seen.add(choice.assignment, None, choice.evaluation)
+        seen.estimates[self.free], seen.peaks[self.free] = first, first_peak
+        for name, a in choice.baselines.assignments.items():
+            seen.add_later(a, functools.partial(choice.baselines.evaluation, name))
+        for run in choice.runs.values():
+            seen.add(run.assignment, None, run.evaluation)
+        self.proxy.add(first_peak)
+
+    def lagrangian(self, lam: float) -> Problem:
+        """The search problem with λ · the bytes each node holds added to its cost."""
+        node_bytes = self.proxy.nodes
+        if self.tying is not None:
+            node_bytes = [sum(node_bytes[v] for v in c) for c in self.tying.classes]
+        base = self.base
+        return Problem(
             unary=[u + lam * b for u, b in zip(base.unary, node_bytes, strict=True)],
             edges=base.edges,
             blocks=base.blocks,
             factors=base.factors,
         )
-        starts = [a for a in (*more, seen.best_fit(), *last, free) if a is not None]
+
+    def expand(self, x) -> tuple[int, ...]:
+        return self.tying.expand(x) if self.tying is not None else x
+
+    def solve_at(
+        self, lam: float, search_budget=None, more=(), from_free: bool = True
+    ) -> tuple[int, ...]:
+        """The solution at ``lam`` from ``more`` and the warm starts; ``from_free``: also one
+        round from the searched plan, unless the solve started there."""
+        search_budget = search_budget or self.search_budget
+        seen, tying = self.seen, self.tying
+        self.solves += 1
+        problem = self.lagrangian(lam)
+        starts = [a for a in (*more, seen.best_fit(), *self.last, self.free) if a is not None]
         if tying is not None:
             starts = [tying.restrict(a) for a in starts]
-        memo = solved.setdefault((lam, proxy.extra), {})
+        memo = self.solved.setdefault((lam, self.proxy.extra), {})
         sol = solve(problem, starts=starts, budget=search_budget, solved=memo)
-        x = sol.assignment
-        found = seen.add(tying.expand(x) if tying is not None else x, lam)
-        last[:] = [found]
+        found = seen.add(self.expand(sol.assignment), lam)
+        self.last[:] = [found]
         # descent keeps to the basin it starts in: from a fitting plan it stays there, from the
         # searched plan (``starts[-1]``) it finds plans between (faster, fitting, though the
         # Lagrangian may prefer the other), so one round from there gives a candidate too
         if from_free and starts[-1] not in _best(problem, starts, search_budget):
-            y = solve(problem, starts=starts[-1:], budget=one_round, solved=memo).assignment
-            seen.add(tying.expand(y) if tying is not None else y, lam)
+            y = solve(problem, starts=starts[-1:], budget=self.one_round, solved=memo).assignment
+            seen.add(self.expand(y), lam)
         estimate = seen.estimate(found)
-        tick(
+        self.tick(
             f"memory budget: λ={lam:.3g}, peak {gb(estimate.peak)}, objective "
             f"{seen.evaluations[found].objective:.4g}, {'fits' if estimate.fits else 'over'}"
         )
         return found
 
-    lam = _first_multiplier(seen, free, proxy)
-    lo, hi = 0.0, None  # the largest λ whose solution is over, the smallest whose fits
-    at_lo, at_hi = free, None  # their solutions
-    t_lo = choice.evaluation.objective  # objective of the solution at lo
-    peaks: list[float] = []  # peak of each growth step's solution
-    bisections, tie = 0, True
-    step_budget, step_starts = search_budget, ()  # how the next λ is solved
-    while solves < MAX_SOLVES:
-        ends = (at_lo, at_hi)
-        found = solve_at(lam, step_budget, step_starts)
-        estimate = seen.estimate(found)
-        if bisections and found in ends:  # no plan of the hull between the bracket's two, or
-            tie = False  # descent missed it: the λs between are bisected, as far as RESOLUTION
-        if estimate.fits:
-            hi, at_hi = lam, found
-        else:
-            before = proxy.total(found)
-            # the proxy missed this peak if it grows: price what is live there, and retry λ
-            # when that makes the proxy see the excess
-            if (
-                proxy.add(seen.peaks[found])
-                and hi is None
-                and proxy.total(found) - before >= estimate.peak - estimate.limit
-            ):
+    def bracket(self) -> float | None:
+        """Grow λ until a solution fits, then bisect; the smallest λ that fit (None: none)."""
+        seen, proxy = self.seen, self.proxy
+        lam = _first_multiplier(seen, self.free, proxy)
+        lo, hi = 0.0, None  # the largest λ whose solution is over, the smallest whose fits
+        at_lo, at_hi = self.free, None  # their solutions
+        t_lo = self.choice.evaluation.objective  # objective of the solution at lo
+        peaks: list[float] = []  # peak of each growth step's solution
+        bisections, tie = 0, True
+        step_budget, step_starts = self.search_budget, ()  # how the next λ is solved
+        while self.solves < MAX_SOLVES:
+            ends = (at_lo, at_hi)
+            found = self.solve_at(lam, step_budget, step_starts)
+            estimate = seen.estimate(found)
+            if bisections and found in ends:  # no plan of the hull between the bracket's two,
+                tie = False  # or descent missed it: the λs between are bisected to RESOLUTION
+            if estimate.fits:
+                hi, at_hi = lam, found
+            else:
+                if self.proxy_grew(found, estimate) and hi is None:
+                    continue
+                lo, at_lo, t_lo = lam, found, seen.evaluations[found].objective
+            if hi is None:
+                peaks.append(estimate.peak)
+                if _stalled(peaks):
+                    break  # a larger λ no longer lowers the peak: nothing will fit
+                lam *= GROWTH
                 continue
-            lo, at_lo, t_lo = lam, found, seen.evaluations[found].objective
-        if hi is None:
-            peaks.append(estimate.peak)
-            if len(peaks) > STALL_STEPS and min(peaks[-STALL_STEPS:]) >= 0.99 * min(
-                peaks[:-STALL_STEPS]
+            fit = seen.best_fit()
+            if (
+                bisections >= BISECTIONS
+                or (not tie and lo > 0 and hi <= lo * RESOLUTION)
+                or (fit and t_lo >= seen.evaluations[fit].objective * (1 - TIME_GAIN))
             ):
-                break  # a larger λ no longer lowers the peak: nothing will fit
-            lam *= GROWTH
-            continue
-        fit = seen.best_fit()
-        if (
-            bisections >= BISECTIONS
-            or (not tie and lo > 0 and hi <= lo * RESOLUTION)
-            or (fit and t_lo >= seen.evaluations[fit].objective * (1 - TIME_GAIN))
-        ):
-            break  # λ is bracketed, or the bracket's plans are within TIME_GAIN
-        bisections += 1
-        tied = _tie(seen, proxy, at_lo, at_hi, lo, hi) if tie else lam
-        tie = tie and abs(tied - lam) > 1e-3 * lam  # the same λ again: its answer is known
-        if tie:  # descent from both ends: the plans between tie with them there
-            lam = tied
-            step_budget, step_starts = both_ends, (at_lo, at_hi)
-        else:
-            lam = math.sqrt(lo * hi) if lo > 0 else hi / GROWTH
-            step_budget, step_starts = search_budget, ()
-    if hi is not None:  # polish: the smallest λ that fit, the search's rounds from two starts
-        # and from every hand plan that fits
-        hand = choice.baselines.assignments.values()
-        fitting = [tuple(a) for a in hand if seen.fits(tuple(a))]
-        polish = dataclasses.replace(options.budget, max_starts=2 + len(fitting))
-        solve_at(hi, polish, fitting, from_free=False)
-        if ctx.params.objective == "overlap":
+                break  # λ is bracketed, or the bracket's plans are within TIME_GAIN
+            bisections += 1
+            tied = _tie(seen, proxy, at_lo, at_hi, lo, hi) if tie else lam
+            tie = tie and abs(tied - lam) > 1e-3 * lam  # the same λ again: its answer is known
+            if tie:  # descent from both ends: the plans between tie with them there
+                lam = tied
+                step_budget, step_starts = self.both_ends, (at_lo, at_hi)
+            else:
+                lam = math.sqrt(lo * hi) if lo > 0 else hi / GROWTH
+                step_budget, step_starts = self.search_budget, ()
+        return hi
+
+    def proxy_grew(self, found: tuple[int, ...], estimate: MemoryEstimate) -> bool:
+        """Price what is live at ``found``'s peak too; whether that made the proxy see the
+        excess (then the same λ is solved again)."""
+        before = self.proxy.total(found)
+        return (
+            self.proxy.add(self.seen.peaks[found])
+            and self.proxy.total(found) - before >= estimate.peak - estimate.limit
+        )
+
+    def polish(self, hi: float) -> None:
+        """The smallest λ that fit: the search's rounds from two starts and from every hand
+        plan that fits; under "overlap", a few larger λs too."""
+        hand = self.choice.baselines.assignments.values()
+        fitting = [tuple(a) for a in hand if self.seen.fits(tuple(a))]
+        polish = dataclasses.replace(self.options.budget, max_starts=2 + len(fitting))
+        self.solve_at(hi, polish, fitting, from_free=False)
+        if self.ctx.params.objective == "overlap":
             # the hull's plans past it hold less memory and more communication, which the
             # overlapped step may hide: Eq. 1 ranks them lower, the overlapped step need not
             for factor in OVERLAP_PROBES:
-                solve_at(hi * factor, from_free=False)
-    best = seen.best_fit()
-    if best is None:
-        raise MemoryBudgetError(_no_fit_message(seen.smallest(), budget, model))
-    evaluation, estimate = seen.evaluations[best], seen.estimate(best)
-    chosen = dataclasses.replace(choice, assignment=best, evaluation=evaluation, optimal=False)
-    return chosen, BudgetFit(estimate, True, seen.lam[best], solves)
+                self.solve_at(hi * factor, from_free=False)
+
+
+def _stalled(peaks: list[float]) -> bool:
+    """Whether the last `STALL_STEPS` growth steps lowered the peak by less than 1 %."""
+    return len(peaks) > STALL_STEPS and min(peaks[-STALL_STEPS:]) >= 0.99 * min(
+        peaks[:-STALL_STEPS]
+    )
 
 
 def _best(problem: Problem, starts: list, budget) -> list:
