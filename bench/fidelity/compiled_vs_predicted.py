@@ -12,8 +12,9 @@ both ways with the same numbers:
 
 An inversion is auto predicted faster than data while the compiled programs say data is faster.
 
-    python bench/compiled_vs_predicted.py --json bench/results/compiled_vs_predicted.json \\
-        --md bench/results/compiled_vs_predicted.md
+    python bench/fidelity/compiled_vs_predicted.py \\
+        --json bench/fidelity/results/compiled_vs_predicted.json \\
+        --md bench/fidelity/results/compiled_vs_predicted.md
 """
 
 import argparse
@@ -24,7 +25,7 @@ import sys
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jaxpar
 import models
@@ -91,7 +92,8 @@ def markdown(rows: list[dict], argv: str) -> str:
     out = [
         "# Auto vs data parallelism: predicted and compiled, priced alike",
         "",
-        f"`python bench/compiled_vs_predicted.py {argv}`; 8 simulated CPU devices as node=2,",
+        f"`python bench/fidelity/compiled_vs_predicted.py {argv}`; 8 simulated CPU devices as "
+        "node=2,",
         "gpu=4 on the p100 preset. Compiled = the plan's compute + the compiled HLO's",
         "collectives priced α-β on their axes. Milliseconds per step.",
         "",

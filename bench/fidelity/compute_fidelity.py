@@ -16,8 +16,8 @@ total less that (collectives read from the compiled HLO, `verify.compiled_collec
 counts a while body once: scanned programs are compared per loop iteration on both sides
 (`plan_work(loops=False)`). Ratio = predicted / XLA.
 
-    python bench/compute_fidelity.py --json bench/results/compute_fidelity.json \\
-        --md bench/results/compute_fidelity.md
+    python bench/fidelity/compute_fidelity.py --json bench/fidelity/results/compute_fidelity.json \\
+        --md bench/fidelity/results/compute_fidelity.md
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -265,7 +265,7 @@ def main() -> None:
         )
     doc = {
         "jax": jax.__version__,
-        "command": "python bench/compute_fidelity.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/fidelity/compute_fidelity.py " + " ".join(sys.argv[1:]),
         "summary": {k: summary(v) for k, v in rows.items() if v},
         "rows": rows["numerics"] + rows["zoo"],
     }

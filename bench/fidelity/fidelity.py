@@ -5,7 +5,8 @@ simulated CPU devices, with the collective kinds of each, and per kind the numbe
 per step: predicted after XLA's all-reduce combiner (`jaxpar.combine`) beside the compiled
 program's (while bodies counted per iteration).
 
-    python bench/fidelity.py --json bench/results/fidelity.json --md bench/results/fidelity.md
+    python bench/fidelity/fidelity.py --json bench/fidelity/results/fidelity.json \
+        --md bench/fidelity/results/fidelity.md
 """
 
 import argparse
@@ -16,7 +17,7 @@ import sys
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jaxpar
 import models
@@ -90,7 +91,8 @@ def markdown(rows: list[dict], argv: str) -> str:
     out = [
         "# Collective fidelity: predicted vs compiled (8 simulated CPU devices)",
         "",
-        f"`python bench/fidelity.py {argv}`. Bytes sent per device per step; counts per kind per",
+        f"`python bench/fidelity/fidelity.py {argv}`. Bytes sent per device per step; counts per "
+        "kind per",
         "step, predicted after XLA's all-reduce combiner (`jaxpar.combine`), compiled with while",
         "bodies counted per iteration. Counts agree when within 10 % or ±1 for every kind.",
         "",

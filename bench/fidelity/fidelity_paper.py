@@ -1,6 +1,6 @@
 """Fidelity of the OptCNN-benchmark plans: predicted vs compiled-HLO communication.
 
-For the plans of ``bench/strategies.py`` (AlexNet, VGG-16, Inception-v3 on the p100 cluster,
+For the plans of ``bench/papers/strategies.py`` (AlexNet, VGG-16, Inception-v3 on the p100 cluster,
 2 / 4 GPUs in one node, 8 = 2 x 4, 16 = 4 x 4; 32 samples per GPU; data / model / OWT / auto)
 each step is planned by `jaxpar.auto_shard` on a mesh of simulated CPU devices with the same axis
 names and cluster, lowered with the abstract (ShapeDtypeStruct) arguments and compiled (nothing
@@ -8,8 +8,8 @@ is allocated or run), and the bytes each device sends per step (ring accounting)
 the plan's prediction (``plan.collectives``) against the collectives XLA emitted
 (`jaxpar.verify.fidelity`), also per collective kind. 1 GPU is skipped (no communication).
 
-    python bench/fidelity_paper.py --json bench/results/fidelity_paper.json \
-        --md bench/results/fidelity_paper.md
+    python bench/fidelity/fidelity_paper.py --json bench/fidelity/results/fidelity_paper.json \
+        --md bench/fidelity/results/fidelity_paper.md
 """
 
 import argparse
@@ -22,7 +22,7 @@ from collections import defaultdict
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=16"
 ).strip()
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -42,8 +42,8 @@ STRATS = ("auto", "data", "model", "owt")
 PER_GPU_BATCH = 32
 TARGET = 0.05
 COMMAND = (
-    "python bench/fidelity_paper.py --json bench/results/fidelity_paper.json "
-    "--md bench/results/fidelity_paper.md"
+    "python bench/fidelity/fidelity_paper.py --json bench/fidelity/results/fidelity_paper.json "
+    "--md bench/fidelity/results/fidelity_paper.md"
 )
 
 
@@ -256,7 +256,7 @@ def markdown(rows: list, skipped: list, wall: float) -> str:
 
 def same_plans_as_strategies(rows: list) -> str:
     """Whether each plan here is the plan of strategies.json (same predicted step time)."""
-    path = os.path.join(os.path.dirname(__file__), "results", "strategies.json")
+    path = os.path.join(os.path.dirname(__file__), "..", "papers", "results", "strategies.json")
     if not os.path.exists(path):
         return "strategies.json not found: plans not cross-checked"
     with open(path) as f:

@@ -19,10 +19,12 @@ the model is split among its equations' layers by the elements they write
 On a GPU run it with ``XLA_FLAGS=--xla_gpu_enable_command_buffer=`` (kernels in a CUDA graph
 carry no ``hlo_op``).
 
-    python bench/layer_compute.py --calibration bench/results/calibration_h100.json \\
-        --datasheet dgx-h100 --json bench/results/layer_compute.json \\
-        --md bench/results/layer_compute.md
-    python bench/layer_compute.py --small --models mlp --calibration cal.json --datasheet cpu
+    python bench/fidelity/layer_compute.py \\
+        --calibration bench/fidelity/results/calibration_h100.json \\
+        --datasheet dgx-h100 --json bench/fidelity/results/layer_compute.json \\
+        --md bench/fidelity/results/layer_compute.md
+    python bench/fidelity/layer_compute.py --small --models mlp --calibration cal.json \\
+        --datasheet cpu
 
 Ratios are predicted / measured; "within 10 %" means 0.9 <= ratio <= 1.1. Each layer runs as a
 program of its own, so a small layer's measured time is the host's per-call dispatch, not the
@@ -47,7 +49,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import jax.numpy as jnp
@@ -761,7 +763,7 @@ def main() -> None:
     header = {
         "device": f"{device.device_kind} ({device.platform})",
         "jax": jax.__version__,
-        "command": "python bench/layer_compute.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/fidelity/layer_compute.py " + " ".join(sys.argv[1:]),
         "calibration": args.calibration,
         "datasheet": args.datasheet,
     }

@@ -1,20 +1,23 @@
-"""The H100 layer timings of `bench/layer_compute.py`, priced again by the current cost model.
+"""The H100 layer timings of `bench/fidelity/layer_compute.py`, priced again by the current cost
+model.
 
-`bench/results/layer_compute.json` holds what a lent H100 measured: every layer's kernels inside
-the profiled train step (``in_step_ms``, attributed by their HLO ``op_name``). No GPU is needed to
-price them again: each model is planned on an abstract one-device mesh (the accelerator's fusion
-rules, as on the GPU) twice, with the H100 calibration's curves (`bench/results/
-calibration_h100.json`, "curves") and with its measured library calls too (`bench/results/
-calibration_h100_calls.json`, "calls": every matrix product and convolution of the five models
-timed alone on the H100, `jaxpar.measure_contractions`). The predicted compute is split per
-equation layer as the bench does (`layer_compute.predicted_by_equation_layer`) and set beside
-the stored measurement: per layer, per block (`layer_compute.block_rows`), for the layers that
-hold a library call and for the others, and for the whole step (OptCNN Table 4 compares the
+`bench/fidelity/results/layer_compute.json` holds what a lent H100 measured: every layer's
+kernels inside the profiled train step (``in_step_ms``, attributed by their HLO ``op_name``). No
+GPU is needed to price them again: each model is planned on an abstract one-device mesh (the
+accelerator's fusion rules, as on the GPU) twice, with the H100 calibration's curves
+(`bench/fidelity/results/calibration_h100.json`, "curves") and with its measured library calls
+too (`bench/fidelity/results/calibration_h100_calls.json`, "calls": every matrix product and
+convolution of the five models timed alone on the H100, `jaxpar.measure_contractions`). The
+predicted compute is split per equation layer as the bench does
+(`layer_compute.predicted_by_equation_layer`) and set beside the stored measurement: per layer,
+per block (`layer_compute.block_rows`), for the layers that hold a library call and for the
+others, and for the whole step (OptCNN Table 4 compares the
 whole step: Σ t_C against the measured step time). The stored curves prediction of the device
 run is shown as "then" (the cost model of that session).
 
-    python bench/layer_compute_repriced.py --json bench/results/layer_compute_repriced.json \\
-        --md bench/results/layer_compute_repriced.md
+    python bench/fidelity/layer_compute_repriced.py \\
+        --json bench/fidelity/results/layer_compute_repriced.json \\
+        --md bench/fidelity/results/layer_compute_repriced.md
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from layer_compute import block_rows, op_layer, predicted_by_equation_layer, summarize
@@ -214,7 +217,7 @@ def main() -> None:
     with open(MEASURED) as f:
         measured = json.load(f)
     doc = {
-        "command": "python bench/layer_compute_repriced.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/fidelity/layer_compute_repriced.py " + " ".join(sys.argv[1:]),
         "device": measured["device"],
         "measured_jax": measured["jax"],
         "jax": jax.__version__,

@@ -10,8 +10,10 @@ multipliers λ log-spaced over [1e-3, 1e2] × (the free plan's time / its peak),
 the search's full budget twice, from the free plan and from the hand plans, the proxy growing
 by every solution's peak; the fastest solution that fits each budget is reported.
 
-    python bench/budget_quality.py --dense 40 --json bench/results/budget_quality.json \
-        --md bench/results/budget_quality.md --before bench/results/budget_quality_before.json
+    python bench/memory/budget_quality.py --dense 40 \
+        --json bench/memory/results/budget_quality.json \
+        --md bench/memory/results/budget_quality.md \
+        --before bench/memory/results/budget_quality_before.json
 """
 
 import argparse
@@ -22,7 +24,7 @@ import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import numpy as np
@@ -148,7 +150,8 @@ def write_md(path: str, rows: dict, before: dict, args) -> None:
     lines = [
         "# Plan quality under a memory budget",
         "",
-        f"`python bench/budget_quality.py{' --dense ' + str(args.dense) if args.dense else ''}"
+        "`python bench/memory/budget_quality.py"
+        f"{' --dense ' + str(args.dense) if args.dense else ''}"
         f"{' --objective ' + args.objective if args.objective else ''}`"
         f" — jax {jax.__version__}, {datetime.date.today()}, 2-core CPU, shared",
         "",

@@ -14,14 +14,14 @@ Cases (all abstract: dict meshes, ShapeDtypeStruct arguments for the large model
   dgx-h100), budget 0.6 x the free plan's peak.
 - ``llama3_70b_scan``: Llama 3 70B scanned with remat, 64 x 2048 tokens, 64 H100s, the default
   budget ("device": 80 GB less the 10 % reserve), which binds.
-- ``llama3_70b``: the same, unrolled (bench/memory.py's goal case), default budget.
+- ``llama3_70b``: the same, unrolled (bench/memory/memory.py's goal case), default budget.
 
 Every case but the unrolled 70B (20-30 s a plan) reports the median of ``--repeats`` runs each
 way (default 3): one run of a 1-2 s plan on this shared 2-core machine varies by ~20 %. The
 unrolled 70B runs once each way. Trace caches are warmed by a first untimed trace of the step.
 
-    python bench/budget_time.py --json bench/results/budget_time.json \
-        --md bench/results/budget_time.md
+    python bench/memory/budget_time.py --json bench/memory/results/budget_time.json \
+        --md bench/memory/results/budget_time.md
 """
 
 import argparse
@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -168,7 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = [run_case(name, args.repeats) for name in args.cases.split(",")]
     res = {
-        "command": "python bench/budget_time.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/memory/budget_time.py " + " ".join(sys.argv[1:]),
         "jax": jax.__version__,
         "date": datetime.date.today().isoformat(),
         "machine": f"{os.cpu_count()}-core CPU, shared",

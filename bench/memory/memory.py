@@ -22,10 +22,11 @@ Planning time: Llama 3 70B is planned first at 64 devices (remat off); if that t
 than ``--limit-70b-s`` (default 240 s), the 70B cases at 8 and 256 devices are skipped and the
 results say so. Cases are run in priority order and skipped once ``--time-limit-s`` has passed.
 
-    python bench/memory.py              # everything; writes bench/results/memory.{json,md}
-    python bench/memory.py --quick      # llama3_8b at 8 and 64 devices only; writes nothing
+    python bench/memory/memory.py              # everything; writes
+                                        # bench/memory/results/memory.{json,md}
+    python bench/memory/memory.py --quick      # llama3_8b at 8 and 64 devices only; writes nothing
                                         # unless --json / --md are given
-    python bench/memory.py --merge --cases ID ...   # rerun those cases into the results
+    python bench/memory/memory.py --merge --cases ID ...   # rerun those cases into the results
 """
 
 import argparse
@@ -36,7 +37,7 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -387,15 +388,16 @@ def markdown(res: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="llama3_8b at 8 and 64 devices")
-    parser.add_argument("--json", default=None, help="default: bench/results/memory.json")
-    parser.add_argument("--md", default=None, help="default: bench/results/memory.md")
+    parser.add_argument("--json", default=None, help="default: bench/memory/results/memory.json")
+    parser.add_argument("--md", default=None, help="default: bench/memory/results/memory.md")
     parser.add_argument("--cases", nargs="+", default=None, help="case ids to run (subset)")
     parser.add_argument("--limit-70b-s", type=float, default=240.0)
     parser.add_argument("--time-limit-s", type=float, default=2700.0)
     parser.add_argument(
         "--merge",
         action="store_true",
-        help="with --cases: replace those rows in bench/results/memory.{json,md}, keep the rest",
+        help="with --cases: replace those rows in bench/memory/results/memory.{json,md}, keep the "
+        "rest",
     )
     args = parser.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
@@ -444,7 +446,7 @@ def main() -> None:
     budgets = [r["auto"]["budget_gb"] for r in rows if "budget_gb" in r["auto"]]
     budgets += [h["budget_gb"] for r in rows for h in r["hand"].values()]
     result = {
-        "command": " ".join(["python bench/memory.py", *sys.argv[1:]]),
+        "command": " ".join(["python bench/memory/memory.py", *sys.argv[1:]]),
         "jax": jax.__version__,
         "date": datetime.date.today().isoformat(),
         "machine": f"{os.cpu_count()}-core CPU, shared (other jobs running)",

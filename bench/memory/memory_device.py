@@ -13,8 +13,8 @@ records:
   reset by running in a fresh process per case), less what was in use before the state was
   made; only where the backend reports it (GPU/TPU).
 
-    python bench/memory_device.py --json memory_device.json --md memory_device.md
-    python bench/memory_device.py --cases gpt2_124m --json /tmp/m.json   # one case
+    python bench/memory/memory_device.py --json memory_device.json --md memory_device.md
+    python bench/memory/memory_device.py --cases gpt2_124m --json /tmp/m.json   # one case
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").
@@ -158,7 +158,7 @@ def main() -> int:
             f"({row.get('predicted_over_measured', float('nan')):.3f})",
             flush=True,
         )
-    command = "python bench/memory_device.py " + " ".join(sys.argv[1:])
+    command = "python bench/memory/memory_device.py " + " ".join(sys.argv[1:])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": command, "rows": rows}, f, indent=1)

@@ -5,7 +5,7 @@ A 2-layer slice of llama3_70b (d 8192, 64 heads, 8 KV heads, FFN 28672, vocab 12
 donated), lowered with abstract arguments and compiled: the plan's predicted peak per device
 beside ``memory_analysis()`` (arguments + outputs - aliases + temporaries). Nothing is allocated.
 
-    python bench/memory_fullwidth.py [--layers 2] [--batch 64] [--seq 2048] [--remat]
+    python bench/memory/memory_fullwidth.py [--layers 2] [--batch 64] [--seq 2048] [--remat]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--remat", action="store_true")
-    ap.add_argument("--json", default="bench/results/memory_fullwidth.json")
+    ap.add_argument("--json", default="bench/memory/results/memory_fullwidth.json")
     args = ap.parse_args()
     cfg = llama_config("llama3_70b", remat=args.remat, batch=args.batch, seq_len=args.seq)
     cfg["num_layers"] = args.layers

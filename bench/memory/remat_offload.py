@@ -14,8 +14,8 @@ link (PCIe Gen5), on copy engines beside compute in the overlapped step (docs/de
 "Copies to and from host memory"): per policy, what auto's plan copies per device and the
 copies' time t_H.
 
-    python bench/remat_offload.py --json bench/results/remat_offload.json \\
-        --md bench/results/remat_offload.md
+    python bench/memory/remat_offload.py --json bench/memory/results/remat_offload.json \\
+        --md bench/memory/results/remat_offload.md
 """
 
 import argparse
@@ -25,7 +25,7 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -79,8 +79,8 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         "# Remat policies and host offloading: llama3_8b, 256 × 4096 tokens, 64 H100s",
         "",
-        "`python bench/remat_offload.py --json bench/results/remat_offload.json "
-        f"--md bench/results/remat_offload.md` — jax {jax.__version__}",
+        "`python bench/memory/remat_offload.py --json bench/memory/results/remat_offload.json "
+        f"--md bench/memory/results/remat_offload.md` — jax {jax.__version__}",
         "",
         "| policy | auto peak GB | auto activations GB | auto step ms | auto host copies GB "
         "| auto t_H ms | plan s | fsdp peak GB | fsdp activations GB | fsdp step ms |",

@@ -7,7 +7,8 @@ Each strategy's predicted step time divided into data parallelism's (the paper n
 the same way), with the even split (what NamedSharding runs) and the ratio split (AccPar's
 uneven partitioning, `PlanCost.ratio_step_s`), and geometric means beside the paper's.
 
-    python bench/accpar.py --json bench/results/accpar.json --md bench/results/accpar.md
+    python bench/papers/accpar.py --json bench/papers/results/accpar.json \
+        --md bench/papers/results/accpar.md
 """
 
 import argparse
@@ -17,7 +18,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import jax.numpy as jnp
@@ -160,7 +161,7 @@ def main() -> None:
         }
         print(array, json.dumps(geo[array]))
     result = {
-        "command": "python bench/accpar.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/papers/accpar.py " + " ".join(sys.argv[1:]),
         "jax": jax.__version__,
         "rows": rows,
         "geomean": geo,

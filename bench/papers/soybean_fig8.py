@@ -5,10 +5,11 @@ devices (the paper's GPU counts), objective "comm" (SoyBean's problem: least byt
 contraction split over all devices). Meshes: 2 -> x=2; 4 -> x=2,y=2; 8 -> x=2,y=4 (k-cut needs
 one axis per cut; data and model parallelism use every axis). Abstract planning, nothing
 allocated; bytes are the plan's prediction, summed over devices (ring accounting), which matched
-the compiled HLO exactly for auto, k-cut and data on the 16-device MLP (bench/soybean_mlp.py).
+the compiled HLO exactly for auto, k-cut and data on the 16-device MLP
+(bench/papers/soybean_mlp.py).
 
-    python bench/soybean_fig8.py --json bench/results/soybean_fig8.json \
-        --md bench/results/soybean_fig8.md
+    python bench/papers/soybean_fig8.py --json bench/papers/results/soybean_fig8.json \
+        --md bench/papers/results/soybean_fig8.md
 """
 
 import argparse
@@ -17,7 +18,7 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +66,7 @@ def main() -> None:
                 ),
                 flush=True,
             )
-    command = "python bench/soybean_fig8.py " + " ".join(sys.argv[1:])
+    command = "python bench/papers/soybean_fig8.py " + " ".join(sys.argv[1:])
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:

@@ -6,7 +6,7 @@ and model, compiles each on 16 simulated CPU devices and reads the collectives f
 HLO. Prints a table (and JSON with --json FILE). SoyBean's own accounting of its worked example
 (§3, 16 devices): data parallel 57.6 MB, model parallel 76.8 MB, its 4x4 hybrid 33.6 MB.
 
-    python bench/soybean_mlp.py --json bench/results/soybean_mlp.json
+    python bench/papers/soybean_mlp.py --json bench/papers/results/soybean_mlp.json
 """
 
 import argparse
@@ -17,7 +17,7 @@ import sys
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=16"
 ).strip()
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 

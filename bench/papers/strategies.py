@@ -29,9 +29,9 @@ Besides the plain results it records, to explain the differences from the paper:
 - a sensitivity run at 8 and 16 GPUs with the InfiniBand card not shared (``shared_by=1``),
   i.e. every collective across nodes at 12.5 GB/s per device.
 
-    python bench/strategies.py --json bench/results/strategies.json \
-        --md bench/results/strategies.md --png bench/results/strategies.png \
-        --plots bench/results
+    python bench/papers/strategies.py --json bench/papers/results/strategies.json \
+        --md bench/papers/results/strategies.md --png bench/papers/results/strategies.png \
+        --plots bench/papers/results
 """
 
 import argparse
@@ -45,7 +45,7 @@ import time
 import types
 from collections import defaultdict
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 from jax.sharding import PartitionSpec
@@ -456,8 +456,9 @@ def derive(mres: dict) -> None:
 # ---------------------------------------------------------------------------- report
 
 COMMAND = (
-    "python bench/strategies.py --json bench/results/strategies.json "
-    "--md bench/results/strategies.md --png bench/results/strategies.png --plots bench/results"
+    "python bench/papers/strategies.py --json bench/papers/results/strategies.json "
+    "--md bench/papers/results/strategies.md --png bench/papers/results/strategies.png "
+    "--plots bench/papers/results"
 )
 
 

@@ -1,21 +1,21 @@
 """OptCNN Figures 7-8 under three step models: Eq. 1, combined all-reduces, overlapped streams.
 
-Reads the JSON of `bench/strategies.py` (every plan's `PlanCost` fields are in it) and tabulates,
-per model, auto against the best other strategy at 16 GPUs (and the maximum over GPU counts) and
-the scaling from 1 to 16 GPUs, with each of `step_s` (OptCNN Eq. 1), `combined_step_s` (latency
-once per combined all-reduce) and `overlapped_step_s` (communication on its own stream). The
-plans are the same in these three rows: the search minimizes Eq. 1. With ``--chosen`` (a run of
-`bench/strategies.py --objective overlap`) a fourth row gives the overlapped step of the plans
-chosen for it (`objective="overlap"`).
+Reads the JSON of `bench/papers/strategies.py` (every plan's `PlanCost` fields are in it) and
+tabulates, per model, auto against the best other strategy at 16 GPUs (and the maximum over GPU
+counts) and the scaling from 1 to 16 GPUs, with each of `step_s` (OptCNN Eq. 1),
+`combined_step_s` (latency once per combined all-reduce) and `overlapped_step_s` (communication
+on its own stream). The plans are the same in these three rows: the search minimizes Eq. 1. With
+``--chosen`` (a run of `bench/papers/strategies.py --objective overlap`) a fourth row gives the
+overlapped step of the plans chosen for it (`objective="overlap"`).
 
-    python bench/strategies.py --json bench/results/strategies_overlap.json \\
-        --md bench/results/strategies_overlap_full.md
-    python bench/strategies.py --objective overlap --no-sensitivity \\
-        --json bench/results/strategies_overlap_objective.json \\
-        --md bench/results/strategies_overlap_objective_full.md
-    python bench/strategies_overlap.py bench/results/strategies_overlap.json \\
-        --chosen bench/results/strategies_overlap_objective.json \\
-        --md bench/results/strategies_overlap.md
+    python bench/papers/strategies.py --json bench/papers/results/strategies_overlap.json \\
+        --md bench/papers/results/strategies_overlap_full.md
+    python bench/papers/strategies.py --objective overlap --no-sensitivity \\
+        --json bench/papers/results/strategies_overlap_objective.json \\
+        --md bench/papers/results/strategies_overlap_objective_full.md
+    python bench/papers/strategies_overlap.py bench/papers/results/strategies_overlap.json \\
+        --chosen bench/papers/results/strategies_overlap_objective.json \\
+        --md bench/papers/results/strategies_overlap.md
 """
 
 import argparse
@@ -62,7 +62,8 @@ def main() -> None:
     lines = [
         "# OptCNN Figures 7-8 under Eq. 1, combined and overlapped step models",
         "",
-        f"From `{args.json_path}` (bench/strategies.py). Auto vs the best other strategy at 16",
+        f"From `{args.json_path}` (bench/papers/strategies.py). Auto vs the best other strategy "
+        "at 16",
         "GPUs (max over 1-16 GPUs), and throughput scaling 1 -> 16 GPUs, auto / best other.",
         "",
         "| model | step model | auto vs best other at 16 (max) | scaling auto / best other "

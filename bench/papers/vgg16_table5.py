@@ -8,8 +8,8 @@ FC3's ``c=2`` exist only on the 2 x 2 mesh). Layers are grouped as in Table 5, a
 itself is costed under our model: its forward conv / dense configurations are fixed and the
 rest of the step (pools, loss, backward, update) gets the best completion (exact elimination).
 
-    python bench/vgg16_table5.py --json bench/results/vgg16_table5.json \
-        --md bench/results/vgg16_table5.md
+    python bench/papers/vgg16_table5.py --json bench/papers/results/vgg16_table5.json \
+        --md bench/papers/results/vgg16_table5.md
 """
 
 import argparse
@@ -19,7 +19,7 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import numpy as np
 
@@ -34,8 +34,8 @@ from jaxpar.solver.problem import Problem
 BATCH = 128
 MESHES = {"1x4": {"gpu": 4}, "2x2": {"a": 2, "b": 2}}
 COMMAND = (
-    "python bench/vgg16_table5.py --json bench/results/vgg16_table5.json "
-    "--md bench/results/vgg16_table5.md"
+    "python bench/papers/vgg16_table5.py --json bench/papers/results/vgg16_table5.json "
+    "--md bench/papers/results/vgg16_table5.md"
 )
 
 # Table 5 as intended (the text rendering is garbled): group, our layers, paper configuration.

@@ -6,8 +6,8 @@ ViT): auto's reported cost, whether it is certified, the exact lower bound when 
 exact, k-cut's plan and the baselines. The promise checked: no plan reports less than an auto plan
 that says ``optimal=True`` (the script exits 1 if one does).
 
-    python bench/certificate.py --json bench/results/certificate.json \
-        --md bench/results/certificate.md
+    python bench/plan_quality/certificate.py --json bench/plan_quality/results/certificate.json \
+        --md bench/plan_quality/results/certificate.md
 """
 
 import argparse
@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jaxpar
 import models
@@ -61,8 +61,10 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         "# The optimality certificate on the full-size zoo",
         "",
-        "`python bench/certificate.py --json bench/results/certificate.json --md "
-        "bench/results/certificate.md` (p100 cluster; batch 32 per GPU, GPT/ViT 4 per GPU).",
+        "`python bench/plan_quality/certificate.py "
+        "--json bench/plan_quality/results/certificate.json "
+        "--md bench/plan_quality/results/certificate.md` "
+        "(p100 cluster; batch 32 per GPU, GPT/ViT 4 per GPU).",
         "",
         f"{certified} of {len(rows)} plans certified; violations (a certified plan beaten by "
         f"k-cut or a baseline): {sum(r['violation'] for r in rows)}.",

@@ -12,8 +12,9 @@ Setups: {"node": 4, "gpu": 4} on 4 P100 nodes, {"data": 2, "model": 4} on one DG
 and the heterogeneous "mixed-gpu" cluster at 16 devices (8 A100 + 8 H100, one node each,
 InfiniBand between) as {"node": 2, "gpu": 8}. Planning is abstract: no devices, no compilation.
 
-    python bench/kcut_vs_elimination.py --json bench/results/kcut_vs_elimination.json \\
-        --md bench/results/kcut_vs_elimination.md
+    python bench/plan_quality/kcut_vs_elimination.py \\
+        --json bench/plan_quality/results/kcut_vs_elimination.json \\
+        --md bench/plan_quality/results/kcut_vs_elimination.md
 
 Timings are wall-clock on a shared 2-core CPU box with other jobs running: one run, noisy.
 """
@@ -25,7 +26,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jaxpar
 import models
@@ -76,8 +77,9 @@ def measure(name: str, ex, cluster_name: str, mesh: dict, objective: str) -> dic
 
 HEADER = """# k-cut vs joint elimination (full-size zoo models)
 
-    python bench/kcut_vs_elimination.py --json bench/results/kcut_vs_elimination.json \\
-        --md bench/results/kcut_vs_elimination.md
+    python bench/plan_quality/kcut_vs_elimination.py \\
+        --json bench/plan_quality/results/kcut_vs_elimination.json \\
+        --md bench/plan_quality/results/kcut_vs_elimination.md
 
 Cost of each search's result in the planner's reported (deduplicated) accounting: predicted step
 time (`objective="time"`) or bytes sent per device (`objective="comm"`). "(search obj.)" is the

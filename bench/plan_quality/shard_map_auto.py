@@ -6,8 +6,9 @@ left automatic (``axis_names``). bf16, 65,536 tokens, d 4,096, ff 16,384, on a (
 planned abstractly (nothing allocated). For each cluster: the auto plan's predicted step, and
 the same plan with ``data`` unused inside the shard_maps (how they were planned before).
 
-    python bench/shard_map_auto.py --json bench/results/shard_map_auto.json \\
-        --md bench/results/shard_map_auto.md
+    python bench/plan_quality/shard_map_auto.py \\
+        --json bench/plan_quality/results/shard_map_auto.json \\
+        --md bench/plan_quality/results/shard_map_auto.md
 """
 
 import argparse
@@ -18,7 +19,7 @@ import sys
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +67,7 @@ def main() -> None:
             }
         )
         print(rows[-1], flush=True)
-    command = "python bench/shard_map_auto.py " + " ".join(sys.argv[1:])
+    command = "python bench/plan_quality/shard_map_auto.py " + " ".join(sys.argv[1:])
     result = {"command": command, "jax": jax.__version__, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:

@@ -4,9 +4,10 @@ Plans every paper model (``models.NAMES``, full size, default batch) abstractly 
 mesh (node=2, gpu=4) and on 4x4, and writes the predicted step time, the data-parallel baseline's
 and whether the plan is certified. Run it on two revisions and give both files to ``--compare``:
 
-    python bench/zoo_quality.py --json /tmp/after.json
-    (in a checkout of the older revision) python bench/zoo_quality.py --json /tmp/before.json
-    python bench/zoo_quality.py --compare /tmp/before.json /tmp/after.json --md OUT.md
+    python bench/plan_quality/zoo_quality.py --json /tmp/after.json
+    (in a checkout of the older revision)
+    python bench/plan_quality/zoo_quality.py --json /tmp/before.json
+    python bench/plan_quality/zoo_quality.py --compare /tmp/before.json /tmp/after.json --md OUT.md
 
 ``--objective`` plans with that objective instead of the planner's default. Rows carry both the
 Eq. 1 step and the overlapped step (and data parallelism's); ``--compare`` compares the step
@@ -20,7 +21,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 MESHES = [{"node": 2, "gpu": 4}, {"a": 4, "b": 4}]
 

@@ -16,7 +16,7 @@ device, whether the experts' dim of their weights is split (expert parallelism) 
 all-to-alls in the MoE layers, and the fastest hand plan that fits. Everything is abstract
 (nothing allocated); wall time on this machine, one process.
 
-    python bench/moe.py --json bench/results/moe.json --md bench/results/moe.md
+    python bench/scale/moe.py --json bench/scale/results/moe.json --md bench/scale/results/moe.md
 """
 
 import argparse
@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -98,7 +98,10 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--md", default=None)
     args = parser.parse_args()
-    res: dict = {"command": "python bench/moe.py " + " ".join(sys.argv[1:]), "jax": jax.__version__}
+    res: dict = {
+        "command": "python bench/scale/moe.py " + " ".join(sys.argv[1:]),
+        "jax": jax.__version__,
+    }
     res["rows"] = []
     for mesh in MESHES:
         for dispatch, capacity in DISPATCHES:

@@ -10,7 +10,8 @@ Planning time only: no memory budget (a 4,096-sequence batch does not fit 8 P100
 The fitted growth: the exponent b of time ~ a * equations^b for (a), and of time ~ a *
 devices^b at a fixed number of axes for (b).
 
-    python bench/scale.py --json bench/results/scale.json --md bench/results/scale.md
+    python bench/scale/scale.py --json bench/scale/results/scale.json \
+        --md bench/scale/results/scale.md
 """
 
 import argparse
@@ -20,7 +21,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import numpy as np
@@ -133,7 +134,7 @@ def main() -> None:
         rows = [r for r in mesh_rows if r["axes"] == k]
         if len(rows) > 1:
             mesh_fit[k] = fit_exponent([r["devices"] for r in rows], [r["plan_s"] for r in rows])
-    command = "python bench/scale.py " + " ".join(sys.argv[1:])
+    command = "python bench/scale/scale.py " + " ".join(sys.argv[1:])
     result = {
         "command": command,
         "jax": jax.__version__,

@@ -9,8 +9,8 @@
     the predicted all-reduces per step (after combining) against the compiled program's, and
     the largest difference of the sharded step from the unsharded one.
 
-    python bench/scan_unroll.py --json bench/results/scan_unroll.json \\
-        --md bench/results/scan_unroll.md
+    python bench/scale/scan_unroll.py --json bench/scale/results/scan_unroll.json \\
+        --md bench/scale/results/scan_unroll.md
 """
 
 import argparse
@@ -21,7 +21,7 @@ import sys
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import numpy as np
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--md", default=None)
     args = parser.parse_args()
-    res: dict = {"command": "python bench/scan_unroll.py " + " ".join(sys.argv[1:])}
+    res: dict = {"command": "python bench/scale/scan_unroll.py " + " ".join(sys.argv[1:])}
     res["jax"] = jax.__version__
     res["predicted"] = [predicted(u) for u in UNROLLS]
     res["compiled"] = [compiled(u, s) for u in SMALL_UNROLLS for s in ("auto", "data")]

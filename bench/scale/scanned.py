@@ -13,7 +13,8 @@ Everything is abstract (nothing allocated); wall time on this machine, one proce
 with the planner's default objective ("overlap" since 2026-11-24; ``--objective time`` for Eq. 1);
 step ratios compare the step the plans were chosen by.
 
-    python bench/scanned.py --json bench/results/scanned.json --md bench/results/scanned.md
+    python bench/scale/scanned.py --json bench/scale/results/scanned.json \
+        --md bench/scale/results/scanned.md
 """
 
 import argparse
@@ -23,7 +24,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -106,7 +107,7 @@ def main() -> None:
     parser.add_argument("--parts", default="abc")
     parser.add_argument("--objective", default=None, help="time, overlap or comm")
     args = parser.parse_args()
-    out: dict = {"command": "python bench/scanned.py " + " ".join(sys.argv[1:])}
+    out: dict = {"command": "python bench/scale/scanned.py " + " ".join(sys.argv[1:])}
     out["jax"] = jax.__version__
     if "a" in args.parts:
         out["depth"] = []

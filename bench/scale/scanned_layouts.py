@@ -16,8 +16,8 @@ If a version's own plan is no worse than the other's layouts on its program, its
 miss them, and what is left between the two columns is how the two programs price the same
 layouts (collectives per stacked parameter once, or once per layer).
 
-    python bench/scanned_layouts.py --json bench/results/scanned_layouts.json \\
-        --md bench/results/scanned_layouts.md
+    python bench/scale/scanned_layouts.py --json bench/scale/results/scanned_layouts.json \\
+        --md bench/scale/results/scanned_layouts.md
 """
 
 import argparse
@@ -25,7 +25,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--md", default=None)
     args = parser.parse_args()
-    res: dict = {"command": "python bench/scanned_layouts.py " + " ".join(sys.argv[1:])}
+    res: dict = {"command": "python bench/scale/scanned_layouts.py " + " ".join(sys.argv[1:])}
     res["jax"] = jax.__version__
     res["cases"] = [case(n, o) for n in DEPTHS for o in OBJECTIVES]
     if args.json:

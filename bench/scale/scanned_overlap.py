@@ -1,13 +1,13 @@
 """Scanned against unrolled under each objective: Eq. 1, combined and overlapped steps.
 
-The GPT-2-wide decoder of `bench/scanned.py` (``gpt_scan_linen`` / ``gpt_unrolled_linen``,
+The GPT-2-wide decoder of `bench/scale/scanned.py` (``gpt_scan_linen`` / ``gpt_unrolled_linen``,
 same shapes and math) at 4, 12 and 64 layers, planned for 64 H100s (node=8, gpu=8, an abstract
 mesh) with ``objective="time"`` (OptCNN's Eq. 1) and ``"overlap"``. Each plan is priced three
 ways (`PlanCost`): Eq. 1 (``step_s``: every predicted collective pays its latency), with XLA's
 all-reduce combiner (``combined_step_s``) and overlapped (``overlapped_step_s``).
 
-    python bench/scanned_overlap.py --json bench/results/scanned_overlap.json \\
-        --md bench/results/scanned_overlap.md
+    python bench/scale/scanned_overlap.py --json bench/scale/results/scanned_overlap.json \\
+        --md bench/scale/results/scanned_overlap.md
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -98,7 +98,7 @@ def main() -> None:
                     f"{r['overlapped_ms']:.3f} ms",
                     flush=True,
                 )
-    command = "python bench/scanned_overlap.py " + " ".join(sys.argv[1:])
+    command = "python bench/scale/scanned_overlap.py " + " ".join(sys.argv[1:])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": command, "jax": jax.__version__, "rows": rows}, f, indent=1)

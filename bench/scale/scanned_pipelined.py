@@ -10,8 +10,8 @@ like). Everything is abstract (nothing allocated); step times predicted (dgx-h10
 (b) the zoo's GPT-2-wide decoder (d 768, 8 x 1024 tokens, AdamW) at 4, 12 and 64 layers;
 (c) Llama 3 8B / 70B and Mixtral 8x7B, scanned with per-block remat, 8 x 4096 tokens.
 
-    python bench/scanned_pipelined.py --json bench/results/scanned_pipelined.json \\
-        --md bench/results/scanned_pipelined.md
+    python bench/scale/scanned_pipelined.py --json bench/scale/results/scanned_pipelined.json \\
+        --md bench/scale/results/scanned_pipelined.md
 """
 
 import argparse
@@ -19,8 +19,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 
 import jax
 from test_pipelined_loops import MESH as MLP_MESH
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--md", default=None)
     args = parser.parse_args()
-    out: dict = {"command": "python bench/scanned_pipelined.py " + " ".join(sys.argv[1:])}
+    out: dict = {"command": "python bench/scale/scanned_pipelined.py " + " ".join(sys.argv[1:])}
     out["jax"] = jax.__version__
     rows = [
         row("tanh MLP, 4 x 512", (_scanned_step, _args(True)), (_unrolled_step, _args(False)),

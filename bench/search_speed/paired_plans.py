@@ -9,11 +9,12 @@ the model's name ends in ``:scan`` (``--case llama3_8b:scan pod=2,node=4,nvl=2,g
 default: `CASES`).
 
     git worktree add /tmp/before REV
-    python bench/paired_plans.py --before /tmp/before \
-        --json bench/results/labels_pairs.json --md bench/results/labels_pairs.md
+    python bench/search_speed/paired_plans.py --before /tmp/before \
+        --json bench/search_speed/results/labels_pairs.json \
+        --md bench/search_speed/results/labels_pairs.md
 
-One plan (the child process): ``python bench/paired_plans.py --one ROOT MODEL MESH`` prints a
-JSON line with the stage times, the wall time of `jaxpar.plan` and the predicted step.
+One plan (the child process): ``python bench/search_speed/paired_plans.py --one ROOT MODEL MESH``
+prints a JSON line with the stage times, the wall time of `jaxpar.plan` and the predicted step.
 """
 
 import argparse
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+HERE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CASES = [("llama3_8b", "node=8,gpu=8"), ("llama3_8b", "pod=2,node=4,nvl=2,gpu=4")]
 STAGES = ("trace_s", "graph_s", "cost_s", "search_s")
 
@@ -108,7 +109,7 @@ def main() -> None:
                 row = run(root, model, mesh) | {"revision": rev}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    command = "python bench/paired_plans.py " + " ".join(sys.argv[1:])
+    command = "python bench/search_speed/paired_plans.py " + " ".join(sys.argv[1:])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": command, "rows": rows}, f, indent=1)

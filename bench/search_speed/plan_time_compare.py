@@ -2,11 +2,13 @@
 
 Plans one zoo model several times in one process and prints the median of trace + graph + costs
 + search, the median search time, the predicted step and whether it is certified. Used for the
-issue 8 before/after table in bench/README.md (results: bench/results/plan_time_compare.md):
+issue 8 before/after table in bench/search_speed/README.md (results:
+bench/search_speed/results/plan_time_compare.md):
 
     git worktree add /tmp/oldtree 2f1a813
     for tree in /tmp/oldtree .; do
-        python bench/plan_time_compare.py $tree vgg16 "{'node': 4, 'gpu': 4}" 512 p100 3
+        python bench/search_speed/plan_time_compare.py $tree vgg16 "{'node': 4, 'gpu': 4}" \\
+            512 p100 3
     done
 """
 

@@ -4,7 +4,8 @@ A 4-layer, d=256 GPT-style decoder + AdamW step (2,374 equations when this bench
 written), planned on 8 simulated CPU devices for several meshes; the time is split into
 trace / graph / costs / search, and set beside XLA's compile time of the same sharded step.
 
-    python bench/plan_time_transformer.py --json bench/results/plan_time_transformer.json
+    python bench/search_speed/plan_time_transformer.py \
+        --json bench/search_speed/results/plan_time_transformer.json
 """
 
 import argparse
@@ -16,7 +17,7 @@ import time
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 

@@ -7,8 +7,8 @@ a choice, what remains after elimination), the planning time split into trace / 
 search, and XLA's compile time of the very same sharded step (lowered with abstract arguments on
 16 simulated CPU devices, nothing allocated), measured in the same run.
 
-    python bench/search_time.py --json bench/results/search_time.json \
-        --md bench/results/search_time.md
+    python bench/search_speed/search_time.py --json bench/search_speed/results/search_time.json \
+        --md bench/search_speed/results/search_time.md
 
 Targets (issue 3): every plan <= 2 s; Inception-v3 at 16 devices <= 1 s; planning <= 25 % of
 XLA's compile time.
@@ -23,7 +23,7 @@ import time
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=16"
 ).strip()
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 
@@ -139,7 +139,7 @@ def main() -> None:
                 f"{r['optimal']}",
                 flush=True,
             )
-    command = "python bench/search_time.py " + " ".join(sys.argv[1:])
+    command = "python bench/search_speed/search_time.py " + " ".join(sys.argv[1:])
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
