@@ -1,0 +1,116 @@
+"""The optimality certificate on the full-size zoo (issue 8).
+
+For every model of `models.NAMES` on the benchmark meshes (one P100 node, mesh gpu=4, and four
+nodes, mesh node=4,gpu=4; batch 32 per GPU for the CNNs, 4 sequences per GPU for the GPTs and
+ViT): auto's reported cost, whether it is certified, the exact lower bound when elimination is
+exact, k-cut's plan and the baselines. The promise checked: no plan reports less than an auto plan
+that says ``optimal=True`` (the script exits 1 if one does).
+
+    python bench/plan_quality/certificate.py --json bench/plan_quality/results/certificate.json \
+        --md bench/plan_quality/results/certificate.md
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import jaxpar
+import models
+
+SETUPS = [{"gpu": 4}, {"node": 4, "gpu": 4}]
+SEQUENCE_MODELS = ("gpt", "vit", "nnx")
+
+
+def batch_for(name: str, devices: int) -> int:
+    return 4 * devices if name.startswith(SEQUENCE_MODELS) else 32 * devices
+
+
+def measure(name: str, mesh: dict) -> dict:
+    devices = math.prod(mesh.values())
+    ex = models.get(name, batch=batch_for(name, devices))
+    cluster = jaxpar.Cluster.preset("p100", devices=devices)
+    t0 = time.perf_counter()
+    plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster)
+    wall = time.perf_counter() - t0
+    others = {n: r.evaluation.objective for n, r in plan.searches.items()}
+    others.update({s: c.step_s for s, c in plan.baselines.items()})
+    beaten = [n for n, v in others.items() if v < plan.evaluation.objective * (1 - 1e-9)]
+    return {
+        "model": name,
+        "mesh": mesh,
+        "batch": batch_for(name, devices),
+        "step_s": plan.cost.step_s,
+        "optimal": plan.optimal,
+        "lower_bound_s": plan.lower_bound,
+        "method": plan.stats.get("method", ""),
+        "searches_s": {n: r.evaluation.objective for n, r in plan.searches.items()},
+        "baselines_s": {s: c.step_s for s, c in plan.baselines.items()},
+        "beaten_by": beaten,
+        "violation": bool(plan.optimal and beaten),
+        "plan_s": wall,
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    certified = sum(r["optimal"] for r in rows)
+    lines = [
+        "# The optimality certificate on the full-size zoo",
+        "",
+        "`python bench/plan_quality/certificate.py "
+        "--json bench/plan_quality/results/certificate.json "
+        "--md bench/plan_quality/results/certificate.md` "
+        "(p100 cluster; batch 32 per GPU, GPT/ViT 4 per GPU).",
+        "",
+        f"{certified} of {len(rows)} plans certified; violations (a certified plan beaten by "
+        f"k-cut or a baseline): {sum(r['violation'] for r in rows)}.",
+        "",
+        "| model | mesh | auto ms | certified | lower bound ms | gap | k-cut ms | best baseline ms "
+        "| search | plan s |",
+        "|---|---|---:|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
+        lb = r["lower_bound_s"]
+        gap = f"{max(0.0, (r['step_s'] - lb) / r['step_s']):.1%}" if lb else "-"
+        lbt = f"{lb * 1e3:.4f}" if lb else "-"
+        kcut = r["searches_s"].get("kcut", math.nan) * 1e3
+        base = min(r["baselines_s"].values()) * 1e3
+        lines.append(
+            f"| {r['model']} | {mesh} | {r['step_s'] * 1e3:.4f} | {r['optimal']} | {lbt} | {gap} "
+            f"| {kcut:.4f} | {base:.4f} | {r['method']} | {r['plan_s']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json")
+    parser.add_argument("--md")
+    parser.add_argument("--models", nargs="*", default=list(models.NAMES))
+    args = parser.parse_args()
+    rows = []
+    for name in args.models:
+        for mesh in SETUPS:
+            rows.append(measure(name, mesh))
+            r = rows[-1]
+            print(
+                f"{name:<13} {mesh} auto {r['step_s'] * 1e3:.4f} ms optimal={r['optimal']} "
+                f"beaten_by={r['beaten_by']} ({r['plan_s']:.1f} s)",
+                flush=True,
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(rows))
+    return 1 if any(r["violation"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
