@@ -65,7 +65,7 @@ models.scanned.scanned_config(name, layers=64, batch=8))``.  A scanned Llama:
 ``models/kernels.py`` holds hand-written kernels as production JAX writes them, not registered
 as examples: ``megatron_mlp_step(mesh)``, a custom VJP whose forward and backward are
 shard_maps manual over ``model`` (MaxText's pattern), used by the shard_map tests and
-``bench/shard_map_auto.py``.
+``bench/plan_quality/shard_map_auto.py``.
 
 Usage::
 

@@ -127,7 +127,8 @@ def apply_rope(x: jax.Array, theta: float) -> jax.Array:
     acc = _accumulation_dtype(x.dtype)
     # a view per layer: constants of its own, as when each layer computes them (one constant
     # shared by every layer changes where the budget's search lands on llama3_70b over 1,024
-    # H100s: 3.16 s instead of 2.62 s per step; bench/README.md, issue 10). JAX tells constants
+    # H100s: 3.16 s instead of 2.62 s per step; bench/scale/README.md, issue 10).
+    # JAX tells constants
     # apart by object, so a view does it without copying (copies took a fifth of the trace).
     cos, sin = (t.view() for t in rope_tables(length, head_dim, theta, np.dtype(acc)))
     xf = x.astype(acc)

@@ -1,5 +1,5 @@
 """Eight fake CPU devices for every test, set before any backend initializes; and two ways to
-compile less, neither of which changes what the tests check (docs/design.md, "Test tiers"):
+compile less, neither of which changes what the tests check (docs/testing.md, "Test tiers"):
 
 * XLA:CPU's LLVM code generation runs at -O0 (``--xla_backend_optimization_level=0``). It only
   changes the machine code of each kernel, not the HLO passes the tests check (SPMD

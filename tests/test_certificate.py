@@ -1,4 +1,4 @@
-"""The optimality certificate (docs/design.md, "The optimality certificate").
+"""The optimality certificate (docs/search.md, "The optimality certificate").
 
 ``optimal=True`` must hold for the cost the user is shown: no plan in the configuration space,
 found by any search or written by hand, may report a lower cost. Checked on the small zoo ×

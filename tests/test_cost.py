@@ -1,4 +1,4 @@
-"""Closed forms (docs/design.md, "Test tiers"): collective formulas, reshard paths, rules, the
+"""Closed forms (docs/testing.md, "Test tiers"): collective formulas, reshard paths, rules, the
 one pricing function shared by the search and the report; the pure core imports no jax."""
 
 import dataclasses
@@ -129,7 +129,7 @@ def test_collective_over_merged_axes_gets_the_merged_ring_bandwidth():
     assert mesh.group((1,))[1] == pytest.approx(20e9)
 
 
-# ---- compute t_C: fused traffic, kernel overhead, saturation (docs/design.md, "Compute t_C") ----
+# ---- compute t_C: fused traffic, kernel overhead, saturation (docs/cost.md, "Compute t_C") ----
 
 
 def _tiny_program(fn, *shapes):
@@ -620,7 +620,8 @@ def test_conv_taps_fraction():
 @pytest.mark.numerics
 def test_plan_work_matches_xla_cost_analysis_on_a_data_parallel_mlp():
     """The predicted per-device FLOPs and bytes of a compiled plan agree with XLA's
-    cost_analysis (bytes less the collectives'), within 15 % (bench/compute_fidelity.py)."""
+    cost_analysis (bytes less the collectives'), within 15 %
+    (bench/fidelity/compute_fidelity.py)."""
     import jaxpar
     import models
     from jaxpar.cost.node_costs import plan_work
@@ -732,7 +733,8 @@ def test_a_sliced_cross_entropy_reads_the_logits_once_per_pass_on_gpu():
     buffer in place, and the gradient is computed once, inside the pad that feeds the weight
     gradient: 5 logits-sized reads (max, Σexp, Σ of the one-hot gradient, the pad's two) and 2
     writes (the zeros, the pad), the traffic an H100 profile of GPT-2's loss shows
-    (`bench/results/layer_compute_repriced.md`). Before, the slice was written and read back,
+    (`bench/fidelity/results/layer_compute_repriced.md`).
+    Before, the slice was written and read back,
     and kernels that wrote other tensors also read the gradient's operands: 7 reads."""
     import jax
     import jax.numpy as jnp
@@ -775,7 +777,8 @@ def test_gpu_recomputes_short_row_reductions_in_their_readers():
     the max is computed inside the kernels that read x's rows and never written; the forward
     is one kernel reading x and writing the row sums, the backward one kernel reading x, the
     sums and y and writing the gradient, as XLA:GPU's normalization fusions ran GPT-2's
-    attention softmax on an H100 (`bench/results/h100_hlo/gpt2_124m.hlo.gz`: fusion.939 reads
+    attention softmax on an H100
+    (`bench/fidelity/results/h100_hlo/gpt2_124m.hlo.gz`: fusion.939 reads
     the scores and writes the sums, fusion.769 reads them again with the probabilities'
     gradient). Rows wider than the limit keep their reductions in kernels of their own, which
     read x again; CPU rules never recompute a reduction."""

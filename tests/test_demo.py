@@ -1,4 +1,4 @@
-"""`jaxpar demo` end to end (docs/design.md, "Test tiers": api), as the README's setup command
+"""`jaxpar demo` end to end (docs/testing.md, "Test tiers": api), as the README's setup command
 runs it: part 1 trains a plan that really shards and passes its fidelity check; part 2 prints
 time and memory for auto and three hand plans.
 

@@ -285,7 +285,8 @@ def test_capacity_dispatch_plans_expert_parallelism():
     """Mixtral 8x7B with GShard's dispatch (capacity 1.25, scanned, remat; 64 x 4,096 tokens)
     on 8 DGX H100 nodes: the plan splits the experts over a mesh axis (expert parallelism)
     and reaches their tokens by all-to-all, which no hand plan does, and beats the dropless
-    grouped matmuls on the same mesh, whose token dim stays whole (bench/results/scanned.md)."""
+    grouped matmuls on the same mesh, whose token dim stays whole
+    (bench/scale/results/scanned.md)."""
     mesh = {"node": 8, "gpu": 8}
 
     def planned(capacity):

@@ -487,7 +487,7 @@ def test_scanned_and_unrolled_searches_do_not_miss_each_others_layouts():
     layouts (`models.scanned.unstacked_specs` / `stacked_specs`), the rest searched. On the
     scanned program the unrolled plan's layouts cost more; the two programs price even the
     same layouts differently, which is why their plans are not within 1 % of each other
-    (bench/README.md, "layouts swapped")."""
+    (bench/scale/README.md, "layouts swapped")."""
     from models.scanned import scanned_config, scanned_example, stacked_specs, unstacked_specs
 
     scanned, unrolled = (

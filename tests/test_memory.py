@@ -1,4 +1,4 @@
-"""Memory per device (docs/design.md, "Memory"; `jaxpar.memory`, `jaxpar.budget`)."""
+"""Memory per device (docs/memory.md, "Memory"; `jaxpar.memory`, `jaxpar.budget`)."""
 
 import functools
 import math
@@ -38,7 +38,7 @@ MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b
 # (YNNPACK's size threshold included), the transposed copies convolutions read, updates run as
 # their gradients exist, combined all-reduces run between equations with their readers after
 # them, decayed moments gathered at the step's start, and buffers placed in the allocations of
-# results not donated (docs/design.md, "Memory"). Measured on these 90 plans (74 here, 16 in
+# results not donated (docs/memory.md, "Memory"). Measured on these 90 plans (74 here, 16 in
 # test_numerics, which compiles them anyway): predicted/compiled 0.923-1.094.
 FIDELITY_BAND = (0.90, 1.10)
 
@@ -412,7 +412,7 @@ def test_scatter_into_zeros_runs_in_place():
     """A cross-entropy's gradient is a scatter-add into zeros: XLA makes the zeros in the
     scatter's layout (they are computed from no data) and scatters in place, so the model
     counts one buffer for the two (at llama3_70b's width with remat, counting both put the
-    prediction at 1.29x the compiled peak: bench/memory_fullwidth.py)."""
+    prediction at 1.29x the compiled peak: bench/memory/memory_fullwidth.py)."""
 
     def loss(w, x, labels):
         logp = jax.nn.log_softmax(x @ w)
@@ -522,7 +522,7 @@ def test_budget_finds_the_hull_plan_a_dense_sweep_of_multipliers_finds():
 
     Under Eq. 1 (objective "time"), the Lagrangian's own objective: under "overlap" the budget
     finds the same plan, and the sweep one Eq. 1 ranks below it whose overlapped step is 1.6 %
-    shorter (docs/design.md, "Memory budget")."""
+    shorter (docs/memory.md, "Memory budget")."""
     ex, mesh = example("gpt_small"), {"data": 2, "model": 4}
     kw = dict(mesh=mesh, cluster="p100", objective="time")
     free = jaxpar.plan(ex.step, *ex.args, memory_budget=None, **kw)

@@ -1,4 +1,4 @@
-"""Numerics and closed-form tiers (docs/design.md, "Test tiers"): the auto-sharded step equals
+"""Numerics and closed-form tiers (docs/testing.md, "Test tiers"): the auto-sharded step equals
 the unsharded one, and the compiled program's collectives are the plan's (bytes, and per kind
 the count after XLA's combiner), for every model, mesh and strategy planned here."""
 
@@ -29,7 +29,7 @@ def reference(name):
     return ex, args, jax.jit(ex.step)(*args)
 
 
-# Predicted / compiled peak memory of these plans (docs/design.md, "Memory"): 0.906-1.094
+# Predicted / compiled peak memory of these plans (docs/memory.md, "Memory"): 0.906-1.094
 MEMORY_BAND = (0.90, 1.10)
 
 

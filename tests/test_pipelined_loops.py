@@ -194,7 +194,7 @@ def test_stacked_gradient_reductions_run_beside_the_next_iteration():
     with the weight gradients' all-reduces the pipeliner moves to the next iteration. Issued
     at the top of that iteration they run beside its compute, so the pipelined scanned step
     is the unrolled twin's within 1 % (the issue's criterion, met here at 4 layers:
-    bench/results/scanned_pipelined.md). Appending them after the loop's own collectives
+    bench/scale/results/scanned_pipelined.md). Appending them after the loop's own collectives
     instead left the step within 0.5 % of the unpipelined one, 11 % over the unrolled."""
     steps = {}
     for name in ("gpt_scan_linen", "gpt_unrolled_linen"):

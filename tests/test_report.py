@@ -1,4 +1,4 @@
-"""Reports that explain a comparison (docs/design.md, "Test tiers": api): per-phase totals add up
+"""Reports that explain a comparison (docs/testing.md, "Test tiers": api): per-phase totals add up
 to the plan's cost, state bytes per device follow the layouts, and the tables name every plan."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rules for primitives Flax code emits (docs/design.md, "Test tiers": numerics + api): bit casts,
+"""Rules for primitives Flax code emits (docs/testing.md, "Test tiers": numerics + api): bit casts,
 key clones, dropout's random bits, top-k and the scatter family have real rules; replicated
 fallbacks, loops included, warn once naming the primitive, the layer and why."""
 

@@ -1,4 +1,4 @@
-"""Oracle tier (docs/design.md, "Test tiers"): the elimination DP against brute-force
+"""Oracle tier (docs/testing.md, "Test tiers"): the elimination DP against brute-force
 enumeration (pure, no jax)."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Closed-form tier (docs/design.md, "Test tiers"): SoyBean's own problem on 16 devices, bytes of
+"""Closed-form tier (docs/testing.md, "Test tiers"): SoyBean's own problem on 16 devices, bytes of
 the compiled program (a subprocess: the suite runs on 8 devices)."""
 
 import json
@@ -34,6 +34,6 @@ def test_soybean_mlp_comm_objective(tmp_path):
     # every device does 1/16 of the flops (elementwise loss/optimizer work adds ~1 %)
     assert auto["flops_per_device"] <= res["unsharded_flops"] / 16 * 1.03, auto
     # data parallel: the gradient all-reduces; 61.4 MB is the compiled program's total measured
-    # when the planner was designed (bench/README.md, "SoyBean MLP"): it must not drift
+    # when the planner was designed (bench/papers/README.md, "SoyBean MLP"): it must not drift
     assert abs(res["strategies"]["data"]["hlo_total_bytes"] - 61.4e6) < 0.02 * 61.4e6
     assert auto["hlo_total_bytes"] < res["strategies"]["data"]["hlo_total_bytes"]

@@ -3,7 +3,7 @@
 The one place an assignment is priced for the user. Node terms come from the same functions as
 the search's unary tables (`cost.compute_times` via the tables, `cost.node_collectives`); reads
 are priced along `reshard.reshard_path`, each collective step once per (tensor, before, after)
-however many readers share it, exactly as `apply` emits it (docs/design.md, "Reported cost").
+however many readers share it, exactly as `apply` emits it (docs/cost.md, "Reported cost").
 So ``Evaluation.objective`` lies between the ``bound`` and ``problem`` objectives of `tables`
 (equal to both when the tables are exact).
 

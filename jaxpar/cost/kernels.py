@@ -86,7 +86,7 @@ def node_kernels(
     ng: NodeGraph, node: Node, rules: FusionRules = ACCELERATOR_FUSION
 ) -> tuple[Kernel, ...]:
     """The kernels XLA runs for ``node``, the way the target's XLA fuses (``rules``;
-    docs/design.md, "Compute t_C").
+    docs/cost.md, "Compute t_C").
 
     - A contraction anchor (`CONTRACTION_PRIMITIVES`) is a kernel of its own (a library call):
       it reads its operands and writes its results.

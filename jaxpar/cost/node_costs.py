@@ -153,7 +153,8 @@ def node_work(
     seconds (their kernels' device time, ramp-up and tail included) under the configurations
     whose calls were all measured: no overhead is added, as a call long enough to be worth
     measuring is launched while the kernel before it runs (on the H100 the train steps of
-    `bench/results/layer_compute.md` leave 0-1 µs between kernels, against the 4 µs a chain of
+    `bench/fidelity/results/layer_compute.md` leave 0-1 µs between kernels,
+    against the 4 µs a chain of
     tiny kernels costs).
 
     rate_m: `CostParams.flops_rates` (a contraction's calibrated curve, or its peak saturated at

@@ -33,7 +33,7 @@ nodes run before it that read them, directly or not (`step_timeline.schedule_ste
 
 The schedule is never longer than Eq. 1's sum (no stream idles while the other has nothing
 running), so Eq. 1 is an upper bound of the overlapped step, and that bound is what the search
-minimizes (docs/design.md, "Overlapped step").
+minimizes (docs/cost.md, "Overlapped step").
 
 Pure: no jax import.
 """

@@ -549,7 +549,7 @@ def combined_sync_problem(
     OptCNN's Eq. 1 charges every predicted collective its latency, so an unrolled step's
     per-layer gradient all-reduces pay it once per layer and a scanned step's stacked gradient
     once per loop, while XLA combines the independent gradient all-reduces of the unrolled step
-    (bench/README.md, issue 10). Per configuration the unary cost drops by
+    (bench/scale/README.md, issue 10). Per configuration the unary cost drops by
     α · ring_steps · (1 − share) for each gradient all-reduce (× the node's trips); reshards
     and other partial sums keep their latency (they are on the critical path, one after the
     other). Every term is at most Eq. 1's, so a lower bound of this problem bounds Eq. 1 too.

@@ -1,7 +1,7 @@
 """The planned step on two streams (`overlap`): which node runs when, which collectives wait.
 
 `evaluate` prices an assignment's terms; `schedule_step` lays them out as XLA's scheduler runs
-them (docs/design.md, "Overlapped step"): nodes list-scheduled in program order on the compute
+them (docs/cost.md, "Overlapped step"): nodes list-scheduled in program order on the compute
 stream, their reshards and collectives on the communication stream, the all-reduces XLA's
 combiner merges as one collective, and the loops whose iterations overlap one another's
 collectives (XLA's collective pipeliner, or a scan run in line: `pipelining`, `_rounds`).

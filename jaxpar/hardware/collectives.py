@@ -1,6 +1,6 @@
 """Collective kinds and their α-β prices (ring accounting), written once for the whole package.
 
-Bytes are *bytes sent per device* under the ring algorithm (docs/design.md, "Cost formulas"):
+Bytes are *bytes sent per device* under the ring algorithm (docs/cost.md, "Cost formulas"):
 the cost model prices with these functions and `verify` reads the compiled program's
 collectives with the same ones, so a prediction and a measurement are in the same unit.
 

@@ -72,8 +72,9 @@ class SlicePreset:
     summary: str  # one line for error messages and `jaxpar clusters`
 
 
-# Per-kernel costs (`DeviceSpec.kernel_overhead`, `DeviceSpec.half_rate_time`; docs/design.md,
-# "Compute t_C"). GPUs, measured on one H100 (bench/results/calibration_h100.json, jax 0.11.2): in
+# Per-kernel costs (`DeviceSpec.kernel_overhead`, `DeviceSpec.half_rate_time`; docs/cost.md,
+# "Compute t_C"). GPUs, measured on one H100
+# (bench/fidelity/results/calibration_h100.json, jax 0.11.2): in
 # a chain of dependent products a 128³ product takes 3.0 (bfloat16) to 4.3 (float32) us, whatever
 # its 4 MFLOP; bfloat16 products reach half their best rate (380 of 760 TFLOP/s) near 4.5e9
 # FLOPs, about 6 us of work at that rate. Other NVIDIA GPUs: approximate, the H100's numbers.

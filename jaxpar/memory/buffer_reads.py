@@ -6,7 +6,7 @@ it lasts the loop), where XLA:CPU schedules each equation (`buffers.scheduled_up
 forward values it keeps for the backward pass or recomputes there
 (`buffers.recomputed_in_backward`, per set of small values), views that take their operand's
 buffer over, and per tensor its birth, phase and outside reads (`BufferReads._static`). The
-rules themselves are in docs/design.md, "Memory", and `memory`'s docstring.
+rules themselves are in docs/memory.md, "Memory", and `memory`'s docstring.
 
 Pure: numpy only.
 """

@@ -14,11 +14,11 @@ ARG_KINDS = ("params", "optimizer", "batch", "other")
 RESERVE_FRACTION = 0.1  # default budget: device memory less this (runtime, fragmentation)
 # A plan fits a budget when its predicted peak is within (1 - margin) of it: the margin is kept
 # for the model's own error. On XLA:CPU it is measured (tests/test_memory.py,
-# bench/memory_fullwidth.py): compiled/predicted peak up to 1.19 on the small GPT's
+# bench/memory/memory_fullwidth.py): compiled/predicted peak up to 1.19 on the small GPT's
 # memory-constrained plans (1.34 when the margin was set), 1.10 at llama3_70b's width (0.92 with
 # remat), at most 1.083 on the small zoo's 90 test plans, so CPU_MODEL_MARGIN keeps
 # 1 - 1/1.35 of the budget. On GPU/TPU the model's error is not measured; MODEL_MARGIN is
-# a guard of 10 %. See docs/design.md, "Memory".
+# a guard of 10 %. See docs/memory.md, "Memory".
 MODEL_MARGIN = 0.1
 CPU_MODEL_MARGIN = 0.26
 

@@ -1,4 +1,4 @@
-"""The bytes each node holds for long: the memory budget's linear proxy (docs/design.md,
+"""The bytes each node holds for long: the memory budget's linear proxy (docs/memory.md,
 "Memory budget").
 
 The exact peak (`memory.MemoryModel`) is a liveness walk, not a sum over nodes. The budget's

@@ -1,6 +1,6 @@
 """Memory per device of a train step under a plan: arguments, results, and live buffers.
 
-The model (docs/design.md, "Memory"), per device:
+The model (docs/memory.md, "Memory"), per device:
 
     peak = arguments + results not aliased to a donated argument + max over program points of
            the bytes of live intermediate buffers

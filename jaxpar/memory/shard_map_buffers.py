@@ -1,7 +1,7 @@
 """A shard_map's body as XLA runs it once partitioned: the buffers it makes and frees inside
 (`body_workspace`) and the residuals its readers recompute rather than XLA store
 (`recomputed_results`). Its layouts are fixed, so no plan changes either; `memory.MemoryModel`
-reads them once per program. The fusion rules are `buffers`'s (docs/design.md, "Memory").
+reads them once per program. The fusion rules are `buffers`'s (docs/memory.md, "Memory").
 
 Pure: numpy only; JAX's jaxprs are read by attribute.
 """

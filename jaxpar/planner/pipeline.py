@@ -8,7 +8,8 @@
     plan     all of the above            -> Plan       (layouts of every tensor)
 
 Each stage is a function of typed, frozen inputs returning a typed, frozen result
-(docs/planner.md). Applying a saved plan is the same pipeline with every node pinned to the
+(docs/architecture.md, "Pipeline"). Applying a saved plan is the same pipeline
+with every node pinned to the
 file's configuration and the search stage replaced by that choice (`reuse`).
 """
 
@@ -136,7 +137,7 @@ def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while planning, back as it was after.
 
     Its full passes walk every object the trace and the tables hold (~0.5 M on an 8B-class
-    step): 45 % of an evaluation's time and 10-18 % of planning (bench/README.md, issue 10).
+    step): 45 % of an evaluation's time and 10-18 % of planning (bench/scale/README.md, issue 10).
     Reference counting still frees everything acyclic; cycles wait for the next collection.
     After, the objects planning made go straight to the oldest generation (`gc.freeze`, then
     `gc.unfreeze`): the first young collection would walk them all (0.15-0.2 s on an 8B-class

@@ -5,7 +5,7 @@ Searches (`PlannerOptions.searches`): SoyBean's k-cut (`kcut.kcut`) and joint el
 step is too wide). Both minimize ``tables.problem`` (a reshard per read); the reported cost
 (`evaluate`) produces a reshard shared by several readers once, so it can be lower.
 
-The certificate (docs/design.md, "The optimality certificate"): when elimination is exact, the
+The certificate (docs/search.md, "The optimality certificate"): when elimination is exact, the
 ``tables.bound`` problem (a read pays 1/k of its reshard, k = reads of the tensor; a lower bound
 of the reported cost of *every* assignment) is solved exactly too. Its minimizer is one more
 candidate, and a plan is ``optimal`` exactly when its reported cost reaches that lower bound, so

@@ -1,7 +1,7 @@
 """The memory budget in the search: the fastest plan found whose predicted peak fits.
 
 The search minimizes time; memory is a constraint. `fit_budget` keeps the dynamic program by
-pricing memory into it (docs/design.md, "Memory budget"):
+pricing memory into it (docs/memory.md, "Memory budget"):
 
 1. If the searched plan fits (`MemoryEstimate.fits`: its exact liveness peak is at most the
    budget less its margin, `memory_estimate.MODEL_MARGIN` or on CPU meshes
@@ -30,7 +30,7 @@ pricing memory into it (docs/design.md, "Memory budget"):
    (llama3_70b unrolled over 1,024 H100s: 2.61 s per step at 18 GB, where the two starts
    alone end at 3.16 s and 25 GB). It does not re-cut the mesh axes (`kcut.recut_and_descend`):
    that gives this case 2.43 s at 20 GB, but puts scanned llama3_70b over 64 H100s at 2.2x the
-   planning time without the budget (docs/design.md). Under ``objective="overlap"`` two
+   planning time without the budget (docs/memory.md). Under ``objective="overlap"`` two
    more solves, at 4 and 64 × that λ (`OVERLAP_PROBES`): the hull's plans past it hold
    less memory and more communication, which the overlapped step may hide while Eq. 1 charges
    it (scanned llama3_8b over 64 H100s at 0.8 × its free peak: 218.6 -> 202.3 ms, the plan at

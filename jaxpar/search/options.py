@@ -11,7 +11,7 @@ from ..solver.problem import SearchBudget
 from .baselines import STRATEGIES
 
 SEARCHES = ("elimination", "kcut")  # joint elimination (OptCNN) / one DP per mesh axis (SoyBean)
-# The step as XLA runs it: gradient syncs and prefetched gathers behind compute (docs/design.md,
+# The step as XLA runs it: gradient syncs and prefetched gathers behind compute (docs/cost.md,
 # "Overlapped step"). "time" (OptCNN Eq. 1) stays for the paper benchmarks and its certificate.
 DEFAULT_OBJECTIVE = "overlap"
 # XLA:GPU's collective pipeliner, on (`PlannerOptions.pipelined_loops`); off by default in XLA
@@ -57,7 +57,7 @@ class PlannerOptions:
       (`PIPELINER_FLAGS` in ``XLA_FLAGS``, as MaxText sets them; off by default in XLA): a scan's
       all-gathers of its stacked inputs' slices run an iteration ahead and its all-reduces of
       what it stacks an iteration behind, beside the next iteration's compute, and each
-      prefetched gather holds one more buffer through the loop (docs/design.md, "Pipelined
+      prefetched gather holds one more buffer through the loop (docs/cost.md, "Pipelined
       loops"). False (default): a loop's collectives overlap only their own iteration.
     """
 

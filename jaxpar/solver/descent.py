@@ -49,7 +49,8 @@ def solve(
     a problem with the same tables and blocks (the memory budget solves a λ twice).
     Descent runs from the ``budget.max_starts`` best starting assignments: on the zoo's wide
     steps (Inception-v3, ResNet-50, GPT-2 on 4×4) the worse starts never ended best, and they
-    cost half the search time (bench/search_time.py). Three, not two: on scanned llama3_70b over
+    cost half the search time (bench/search_speed/search_time.py).
+    Three, not two: on scanned llama3_70b over
     1,024 H100s the third start (a sharded-state hand plan) ends at 2.32 s per step and 29 GB
     where the two best end at 2.54 s and 146 GB; no other case measured changed.
 

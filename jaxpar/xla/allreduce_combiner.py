@@ -7,7 +7,7 @@ a group; later ones of its key join until one depends on a member (a data path f
 group's bytes would pass the threshold, or it holds the maximum count; then the group is
 combined (its members now depend on what any member depended on) and the walk starts over. Bytes
 are unchanged; latency is paid once per group. `group_all_reduces` replays that on the planned
-program (`docs/design.md`, "Combined collectives"). A scan unrolled by k (``lax.scan(...,
+program (`docs/cost.md`, "Combined collectives"). A scan unrolled by k (``lax.scan(...,
 unroll=k)``) runs k copies of its body per loop iteration, in one computation: the copies of a
 group combine too unless one copy's all-reduce feeds the next copy's through the carry
 (`combined_runs`).

@@ -1,6 +1,6 @@
 """Where XLA keeps a step's buffers: what it fuses instead of storing, and which allocation
 holds what it stores. The rules `memory.MemoryModel` follows, each measured against XLA's
-buffer assignment (docs/design.md, "Memory").
+buffer assignment (docs/memory.md, "Memory").
 
 Pure: numpy only.
 """
@@ -347,7 +347,7 @@ def recomputed_in_backward(
     the tensors its chain starts from. A chain that broadcasts a statistic (batch norm's
     ``x - mean``) is also read by a reduction of the backward pass (the scale's gradient): a
     YNNPACK fusion that reads it from memory, unless it is small. Otherwise the value is kept.
-    Measured against XLA:CPU's buffer assignment (docs/design.md, "Memory"): GELU's
+    Measured against XLA:CPU's buffer assignment (docs/memory.md, "Memory"): GELU's
     ``1 + tanh`` is recomputed from its kept ``tanh``; batch norm's ``2 * x`` from the
     convolution's result, its ``x - mean`` kept at 16 images per device and recomputed at 2.
     Values are decided in program order, each after those it is computed from."""
@@ -512,7 +512,7 @@ def cse_after_barriers(program) -> dict[int, int]:
     `jax.checkpoint` recomputes a block in the backward pass from its inputs passed through an
     optimization barrier, so that XLA's common-subexpression elimination cannot merge the
     recomputation with the forward pass. GPU and TPU keep the barrier until after CSE and the
-    recomputation runs (measured on an H100: bench/results/memory_device_h100.md). XLA:CPU
+    recomputation runs (measured on an H100: bench/memory/results/memory_device_h100.md). XLA:CPU
     drops it first: CSE merges every recomputed value with its forward twin, and the backward
     pass reads the forward pass's buffers as if there were no remat (a remat'd Llama on one CPU
     device: the same temporary bytes with and without remat). Here the barrier is transparent,

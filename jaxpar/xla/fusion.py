@@ -44,7 +44,7 @@ ROW_REDUCTION_LIMIT = 8192
 
 @dataclasses.dataclass(frozen=True)
 class FusionRules:
-    """How the target backend's XLA fuses, where backends differ (docs/design.md, "Compute t_C").
+    """How the target backend's XLA fuses, where backends differ (docs/cost.md, "Compute t_C").
 
     ``duplicate_producers``: an elementwise result read only by loop fusions is recomputed in
     each of them, however many (XLA:GPU duplicates the producer: softmax's masked, shifted

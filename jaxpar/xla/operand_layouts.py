@@ -3,7 +3,7 @@
 XLA:CPU runs a convolution on inputs laid out (batch, spatial..., feature) and kernels
 (spatial..., in, out), and decomposes a dot_general into a matmul over merged dim groups; an
 operand stored in another order is copied into the wanted one by a kernel of its own
-(`kernels.node_kernels` prices it, `buffers` holds it). docs/design.md, "Compute t_C".
+(`kernels.node_kernels` prices it, `buffers` holds it). docs/cost.md, "Compute t_C".
 
 Pure: no jax import.
 """

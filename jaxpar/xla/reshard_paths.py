@@ -46,7 +46,7 @@ def local_kernels(kind: str, dim: int, n: int, before: float, after: float) -> t
       (a contraction reading it cannot fuse it);
     - a collective on a dim other than the first: the collective runs on the dim it moves
       made the most major, so XLA copies the shard into that layout before it and the result
-      back after it, 2·before + 2·after, two kernels (`bench/results/compute_fidelity.md`:
+      back after it, 2·before + 2·after, two kernels (`bench/fidelity/results/compute_fidelity.md`:
       XLA:CPU's layout copies around gathers; NCCL too gathers flat buffers, so on GPU the
       moved dim must be the major one as well: assumed, not measured);
     - a collective on the first dim: none.
