@@ -254,36 +254,62 @@ def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
 
 def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
     """Cost, per-node rows and predicted collectives of ``assignment``."""
-    ng, tables, mesh = ctx.ng, ctx.tables, ctx.params.mesh
-    t_c, ratio, t_x, t_s, sent_bytes = [], [], [], [], []  # per node, its row's fields
-    t_h, host_bytes = [], 0.0  # per node, its moves to and from host memory
-    colls: list[Collective] = []
-    items: list[tuple[int, AllReduceItem, float]] = []  # (collective, item, latency per run)
-    own_of: list[list[int]] = [[] for _ in ng.nodes]  # per node, its own collectives
-    objective = 0.0
-    for v in range(len(ng.nodes)):
-        terms = _node_terms(ctx, v, assignment[v])
-        objective += terms.price
-        t_c.append(terms.t_C)
-        ratio.append(terms.t_C_ratio)
-        t_x.append(terms.t_X)
-        t_s.append(terms.t_S)
-        sent_bytes.append(terms.nbytes)
-        t_h.append(terms.t_H)
-        host_bytes += terms.host_bytes
+    tally = _Tally.empty(len(ctx.ng.nodes))
+    for v in range(len(ctx.ng.nodes)):
+        tally.add_node(_node_terms(ctx, v, assignment[v]), v)
+    _add_reshards(ctx, tally, assignment)
+    return _evaluation(ctx, tally)
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What `evaluate` sums: per node its row's fields, the collectives (and the all-reduces
+    XLA's combiner may merge), each resharded read's steps, and the objective, in the order
+    Eq. 1 adds them (so its float is the same whichever caller asks)."""
+
+    t_c: list[float]
+    ratio: list[float]
+    t_x: list[float]
+    t_s: list[float]
+    sent_bytes: list[float]
+    t_h: list[float]  # per node, its moves to and from host memory
+    own_of: list[list[int]]  # per node, its own collectives
+    colls: list[Collective] = dataclasses.field(default_factory=list)
+    items: list[tuple[int, AllReduceItem, float]] = dataclasses.field(default_factory=list)
+    paths: dict[int, list[tuple[tuple, float]]] = dataclasses.field(default_factory=dict)
+    gathered: set[int] = dataclasses.field(default_factory=set)  # reads that only gather
+    objective: float = 0.0
+    host_bytes: float = 0.0
+    local_bytes: float = 0.0  # what the reshards' local kernels read and write
+
+    @classmethod
+    def empty(cls, n: int) -> _Tally:
+        return cls([], [], [], [], [], [], [[] for _ in range(n)])
+
+    def add_node(self, terms: _NodeTerms, v: int) -> None:
+        self.objective += terms.price
+        self.t_c.append(terms.t_C)
+        self.ratio.append(terms.t_C_ratio)
+        self.t_x.append(terms.t_X)
+        self.t_s.append(terms.t_S)
+        self.sent_bytes.append(terms.nbytes)
+        self.t_h.append(terms.t_H)
+        self.host_bytes += terms.host_bytes
         for collective, item, latency in terms.collectives:
-            own_of[v].append(len(colls))
+            self.own_of[v].append(len(self.colls))
             if item is not None:
-                items.append((len(colls), item, latency))
-            colls.append(collective)
-    # (tensor, context, before, after): each reshard step is emitted once per loop context
+                self.items.append((len(self.colls), item, latency))
+            self.colls.append(collective)
+
+
+def _add_reshards(ctx: EvalContext, tally: _Tally, assignment: Sequence[int]) -> None:
+    """The reshards of the reads whose layouts differ: each step priced once per loop context
+    (tensor, context, before, after), charged to its reader."""
+    ng, mesh = ctx.ng, ctx.params.mesh
     produced: set[tuple] = set()
-    paths: dict[int, list[tuple[tuple, float]]] = {}  # per resharded use, (key, s) per step
-    configs = tables.configs
+    configs = ctx.tables.configs
     local = local_priced(mesh, ctx.params.objective)
-    local_bytes = 0.0  # what the reshards' local kernels read and write
     priced = _priced_reads(ctx)
-    gathered: set[int] = set()  # resharded reads that only gather (and slice)
     for r in _resharded(ctx, assignment):  # the rest are read as they are (most reads)
         u, use, nbytes, trips, feedback, name, gathers_free = priced[r]
         src = spec_of(use.src_map, configs[use.src][assignment[use.src]])
@@ -291,40 +317,46 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
         path = reshard_path(nbytes, src, dst, mesh.sizes)
         steps = priced_steps(path, gathers_free, local)
         if ctx.pipelined and all(step.kind in (ALL_GATHER, SLICE) for step in steps):
-            gathered.add(u)
+            tally.gathered.add(u)
         for step in steps:
             key = (use.tensor, use.context, step.before, step.after)
             sent = step_time(step, mesh) * trips
             copying = local_time(step, mesh) * trips if local else 0.0
-            paths.setdefault(u, []).append((key, sent + copying))
+            tally.paths.setdefault(u, []).append((key, sent + copying))
             if key in produced:
                 continue
             produced.add(key)
             t, moved = sent + copying, step.nbytes * trips
-            objective += moved if ctx.params.objective == "comm" else t
-            t_x[use.dst] += t
+            tally.objective += moved if ctx.params.objective == "comm" else t
+            tally.t_x[use.dst] += t
             if local:
-                local_bytes += step.local * trips
+                tally.local_bytes += step.local * trips
             if step.kind == SLICE:  # a local kernel: no collective, nothing sent
                 continue
-            sent_bytes[use.dst] += moved
-            colls.append(
+            tally.sent_bytes[use.dst] += moved
+            tally.colls.append(
                 Collective(
                     step.kind, (mesh.names[step.axis],), mesh.sizes[step.axis], moved, t, name,
                     "state-feedback" if feedback else "reshard", ng.nodes[use.dst].phase,
                     ctx.labels[use.dst], trips,
                 )
             )  # fmt: skip
-    riding = _combine(ctx, colls, items)
+
+
+def _evaluation(ctx: EvalContext, tally: _Tally) -> Evaluation:
+    """The tally's cost: combined all-reduces (`_combine`), the overlapped step (the shortest
+    placement of pipelined loops' collectives, never longer unpipelined: `schedule_step`)."""
+    t_c, t_h, colls = tally.t_c, tally.t_h, tally.colls
+    riding = _combine(ctx, colls, tally.items)
     saved = sum(riding.values())
-    plain = _plan_cost(t_c, ratio, t_x, t_s, sent_bytes, sum(t_h))
-    plain = dataclasses.replace(plain, local_bytes=local_bytes, host_bytes=host_bytes)
-    schedules = [(ctx, gathered, False)]
-    if any(pipelining(ctx)):  # the shortest placement, never longer unpipelined (`schedule_step`)
+    plain = _plan_cost(t_c, tally.ratio, tally.t_x, tally.t_s, tally.sent_bytes, sum(t_h))
+    plain = dataclasses.replace(plain, local_bytes=tally.local_bytes, host_bytes=tally.host_bytes)
+    schedules = [(ctx, tally.gathered, False)]
+    if any(pipelining(ctx)):
         plain_ctx = dataclasses.replace(ctx, pipelined=frozenset(), memo=ctx.memo)
-        schedules += [(ctx, gathered, True), (plain_ctx, set(), False)]
+        schedules += [(ctx, tally.gathered, True), (plain_ctx, set(), False)]
     overlapped = min(
-        schedule_step(c, t_c, t_h, colls, own_of, riding, paths, g, top).makespan()
+        schedule_step(c, t_c, t_h, colls, tally.own_of, riding, tally.paths, g, top).makespan()
         for c, g, top in schedules
     )
     cost = dataclasses.replace(
@@ -332,9 +364,10 @@ def evaluate(ctx: EvalContext, assignment: Sequence[int]) -> Evaluation:
         combined_all_reduces=sum({c.group: c.group_runs for c in colls if c.group >= 0}.values()),
         combined_step_s=plain.step_s - saved, overlapped_step_s=overlapped,
     )  # fmt: skip
+    objective = tally.objective
     if ctx.params.objective == "overlap":  # the searches priced Eq. 1, its upper bound
         objective = overlapped
-    rows = np.array([t_c, ratio, t_x, t_s, sent_bytes], dtype=np.float64).T
+    rows = np.array([t_c, tally.ratio, tally.t_x, tally.t_s, tally.sent_bytes], dtype=np.float64).T
     rows.flags.writeable = False
     return Evaluation(cost, tuple(colls), rows, objective)
 

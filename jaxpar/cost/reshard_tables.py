@@ -71,25 +71,7 @@ def _walk_linear(
                         per_byte = per_byte + (0.0 + 2 * (1 / prod) / mesh.mem_bandwidth)
         if progressed:
             continue
-        want: dict[int, int] = {}  # axis -> first dim that wants it next
-        for d in range(n_dims):
-            c, t = cur[d], tgt[d]
-            lc = len(c)
-            if lc < len(t) and c == t[:lc]:
-                want.setdefault(t[lc], d)
-        pick = None
-        for d in range(n_dims):
-            c, t = cur[d], tgt[d]
-            if c and not (len(c) <= len(t) and c == t[: len(c)]):
-                to = want.get(c[-1])
-                if to is not None:
-                    pick = (d, to)
-                    break
-                if pick is None:
-                    pick = (d, None)
-        if pick is None:
-            raise AssertionError(f"reshard_path stuck at {cur} -> {dst}")
-        d, to = pick
+        d, to = _next_move(cur, tgt)
         a = cur[d].pop()
         n = sizes[a]
         before = 1 / prod
@@ -115,6 +97,28 @@ def _walk_linear(
     return (0.0 if comm else fixed), per_byte
 
 
+def _next_move(cur: list[list[int]], tgt: list[list[int]]) -> tuple[int, int | None]:
+    """The dim whose last axis leaves next (no free slice left), and the dim that wants it
+    next (None: it is gathered): a dim whose axes are not a prefix of its target's, the
+    first whose last axis another dim wants, else the first."""
+    want: dict[int, int] = {}  # axis -> first dim that wants it next
+    for d, (c, t) in enumerate(zip(cur, tgt, strict=True)):
+        lc = len(c)
+        if lc < len(t) and c == t[:lc]:
+            want.setdefault(t[lc], d)
+    pick = None
+    for d, (c, t) in enumerate(zip(cur, tgt, strict=True)):
+        if c and not (len(c) <= len(t) and c == t[: len(c)]):
+            to = want.get(c[-1])
+            if to is not None:
+                return d, to
+            if pick is None:
+                pick = (d, None)
+    if pick is None:
+        raise AssertionError(f"reshard_path stuck at {cur} -> {tgt}")
+    return pick
+
+
 WALK_BATCH = 2000  # missing pairs from which `_walk_batch` beats `_walk_linear` pair by pair
 
 
@@ -134,50 +138,90 @@ def _walk_batch(
 
     Returns (fixed, per_byte) twice: without and with ``gathers_free``. The path does not
     depend on it (only what its steps are charged), so one walk prices both."""
-    sizes = np.asarray(mesh.sizes, dtype=np.int64)
-    latency = np.asarray(mesh.latency, dtype=np.float64)
-    bandwidth = np.asarray(mesh.bandwidth, dtype=np.float64)
-    local = not comm and local_priced(mesh, "time")  # `local_kernels`, as `_walk_linear`
-    k, base, total = len(sizes), rank + 1, len(src)
-    # int32 where a dim's code fits it: less memory traffic, faster division
-    dtype = np.int32 if (k + 1) ** (k + 1) < 2**31 else np.int64
-    pw = (k + 1) ** np.arange(k + 1, dtype=dtype)
-    out_fixed, out_per = np.zeros(total), np.zeros(total)
-    cc = np.zeros((total, rank), dtype=dtype)  # current layout, per dim
-    tc = np.zeros((total, rank), dtype=dtype)  # target layout
-    lc = np.zeros((total, rank), dtype=dtype)
-    lt = np.zeros((total, rank), dtype=dtype)
-    used = np.zeros(total, dtype=dtype)
-    prod = np.array(held, dtype=np.int64)
-    for a in range(k):  # axes in mesh order: each dim's axes ascending
-        for codes, lay, lens, is_src in ((src, cc, lc, True), (dst, tc, lt, False)):
-            dim = codes // base**a % base - 1
-            idx = np.nonzero(dim >= 0)[0]
-            d = dim[idx]
-            lay[idx, d] += (a + 1) * pw[lens[idx, d]]
-            lens[idx, d] += 1
-            if is_src:
-                used[idx] |= 1 << a
-                prod[idx] *= sizes[a]
-    out_free_fixed, out_free_per = np.zeros(total), np.zeros(total)
-    fixed, per_byte = np.zeros(total), np.zeros(total)
-    free_fixed, free_per = np.zeros(total), np.zeros(total)  # with ``gathers_free``
-    ids = np.arange(total)
-    for _ in range(4 * k + 2):
-        done = (cc == tc).all(axis=1)
-        if done.any():
-            out_fixed[ids[done]], out_per[ids[done]] = fixed[done], per_byte[done]
-            out_free_fixed[ids[done]], out_free_per[ids[done]] = free_fixed[done], free_per[done]
-            keep = ~done
-            cc, tc, lc, lt = cc[keep], tc[keep], lc[keep], lt[keep]
-            used, prod, fixed, per_byte, ids = (
-                used[keep], prod[keep], fixed[keep], per_byte[keep], ids[keep]
-            )  # fmt: skip
-            free_fixed, free_per = free_fixed[keep], free_per[keep]
-        if not len(ids):
+    walk = _BatchWalk(src, dst, rank, mesh, comm, held)
+    for _ in range(4 * walk.k + 2):
+        walk.retire_done()
+        if not len(walk.ids):
             break
-        progressed = np.zeros(len(ids), dtype=bool)
-        for d in range(rank):  # free slices
+        progressed = walk.free_slices()
+        mv = np.nonzero(~progressed)[0]
+        if len(mv):
+            walk.move_one_axis(mv)
+    if len(walk.ids):
+        raise AssertionError("reshard_path did not converge")
+    out = walk.out
+    if comm:
+        out["fixed"], out["free_fixed"] = np.zeros(len(src)), np.zeros(len(src))
+    return (out["fixed"], out["per"]), (out["free_fixed"], out["free_per"])
+
+
+class _BatchWalk:
+    """The state of `_walk_batch`: per pair still walking (``ids``), the current and target
+    layouts (each dim's axes coded as base-(k + 1) digits, axis + 1 each, first axis lowest),
+    their lengths, the axes in use, the product of the split axes' sizes, and the terms summed
+    so far with gathers charged and free; ``out`` holds the finished pairs' terms."""
+
+    def __init__(self, src, dst, rank: int, mesh: MeshAxes, comm: bool, held) -> None:
+        self.sizes = np.asarray(mesh.sizes, dtype=np.int64)
+        self.latency = np.asarray(mesh.latency, dtype=np.float64)
+        self.bandwidth = np.asarray(mesh.bandwidth, dtype=np.float64)
+        self.mesh, self.comm, self.rank = mesh, comm, rank
+        self.local = not comm and local_priced(mesh, "time")  # `local_kernels`, as `_walk_linear`
+        self.k = k = len(self.sizes)
+        total = len(src)
+        # int32 where a dim's code fits it: less memory traffic, faster division
+        dtype = np.int32 if (k + 1) ** (k + 1) < 2**31 else np.int64
+        self.pw = (k + 1) ** np.arange(k + 1, dtype=dtype)
+        self.out = {key: np.zeros(total) for key in ("fixed", "per", "free_fixed", "free_per")}
+        self.cc = np.zeros((total, rank), dtype=dtype)  # current layout, per dim
+        self.tc = np.zeros((total, rank), dtype=dtype)  # target layout
+        self.lc = np.zeros((total, rank), dtype=dtype)
+        self.lt = np.zeros((total, rank), dtype=dtype)
+        self.used = np.zeros(total, dtype=dtype)
+        self.prod = np.array(held, dtype=np.int64)
+        self._encode(src, dst)
+        self.fixed, self.per_byte = np.zeros(total), np.zeros(total)
+        self.free_fixed, self.free_per = np.zeros(total), np.zeros(total)  # ``gathers_free``
+        self.ids = np.arange(total)
+
+    def _encode(self, src, dst) -> None:
+        """Each dim's axes as one integer, in mesh order: each dim's axes ascending."""
+        base, pw = self.rank + 1, self.pw
+        for a in range(self.k):
+            for codes, lay, lens, is_src in (
+                (src, self.cc, self.lc, True), (dst, self.tc, self.lt, False)
+            ):  # fmt: skip
+                dim = codes // base**a % base - 1
+                idx = np.nonzero(dim >= 0)[0]
+                d = dim[idx]
+                lay[idx, d] += (a + 1) * pw[lens[idx, d]]
+                lens[idx, d] += 1
+                if is_src:
+                    self.used[idx] |= 1 << a
+                    self.prod[idx] *= self.sizes[a]
+
+    def retire_done(self) -> None:
+        """Pairs whose layout reached the target: their terms out, their rows dropped."""
+        done = (self.cc == self.tc).all(axis=1)
+        if not done.any():
+            return
+        out, ids = self.out, self.ids[done]
+        out["fixed"][ids], out["per"][ids] = self.fixed[done], self.per_byte[done]
+        out["free_fixed"][ids], out["free_per"][ids] = self.free_fixed[done], self.free_per[done]
+        keep = ~done
+        for name in (
+            "cc", "tc", "lc", "lt", "used", "prod", "fixed", "per_byte", "ids", "free_fixed",
+            "free_per",
+        ):  # fmt: skip
+            setattr(self, name, getattr(self, name)[keep])
+
+    def free_slices(self) -> np.ndarray:
+        """Per pair, slice every axis a dim's target wants next and no dim holds (free);
+        whether the pair progressed. Local copies are charged only with gathers charged."""
+        cc, tc, lc, lt, pw, k = self.cc, self.tc, self.lc, self.lt, self.pw, self.k
+        sizes, mesh = self.sizes, self.mesh
+        progressed = np.zeros(len(self.ids), dtype=bool)
+        for d in range(self.rank):
             go = (lc[:, d] <= lt[:, d]) & (tc[:, d] % pw[lc[:, d]] == cc[:, d])
             for _ in range(k):
                 go &= lc[:, d] < lt[:, d]
@@ -186,47 +230,60 @@ def _walk_batch(
                     break
                 ln = lc[idx, d]
                 a = tc[idx, d] // pw[ln] % (k + 1) - 1
-                free = (used[idx] >> a) & 1 == 0
+                free = (self.used[idx] >> a) & 1 == 0
                 go[idx[~free]] = False
                 idx, a, ln = idx[free], a[free], ln[free]
                 if not len(idx):
                     break
                 cc[idx, d] += (a + 1) * pw[ln]
                 lc[idx, d] = ln + 1
-                used[idx] |= np.left_shift(1, a)
-                prod[idx] *= sizes[a]
+                self.used[idx] |= np.left_shift(1, a)
+                self.prod[idx] *= sizes[a]
                 progressed[idx] = True
-                if local:  # not charged with ``gathers_free``
+                if self.local:  # not charged with ``gathers_free``
                     big = idx[sizes[a] > 1]
-                    fixed[big] = fixed[big] + (0.0 + mesh.kernel_overhead)
-                    per_byte[big] = per_byte[big] + (0.0 + 2 * (1 / prod[big]) / mesh.mem_bandwidth)
-        mv = np.nonzero(~progressed)[0]
-        if not len(mv):
-            continue
-        c, lcm, t, ltm = cc[mv], lc[mv], tc[mv], lt[mv]
+                    prod = self.prod[big]
+                    self.fixed[big] = self.fixed[big] + (0.0 + mesh.kernel_overhead)
+                    self.per_byte[big] = self.per_byte[big] + (
+                        0.0 + 2 * (1 / prod) / mesh.mem_bandwidth
+                    )
+        return progressed
+
+    def _chosen_move(self, mv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per pair ``mv``, the dim whose last axis leaves (one a target dim wants next comes
+        first), the dim it goes to (-1: gathered) and the axis."""
+        k, pw = self.k, self.pw
+        c, lcm, t, ltm = self.cc[mv], self.lc[mv], self.tc[mv], self.lt[mv]
         rows = np.arange(len(mv))
         pre = (lcm <= ltm) & (t % pw[lcm] == c)
         last = np.where(lcm > 0, c // pw[np.maximum(lcm - 1, 0)] - 1, -1)
         want = np.where(pre & (lcm < ltm), t // pw[lcm] % (k + 1) - 1, -2)
         movable = (lcm > 0) & ~pre
         wanting = np.full((len(mv), k), -1, dtype=np.int64)  # axis -> first dim wanting it
-        for d2 in reversed(range(rank)):
+        for d2 in reversed(range(self.rank)):
             ok = np.nonzero(want[:, d2] >= 0)[0]
             wanting[ok, want[ok, d2]] = d2
         to = np.where(last >= 0, wanting[rows[:, None], np.maximum(last, 0)], -1)
         pick_to = np.full(len(mv), -1, dtype=np.int64)
         pick_any = np.full(len(mv), -1, dtype=np.int64)
-        for d in reversed(range(rank)):
+        for d in reversed(range(self.rank)):
             pick_to = np.where(movable[:, d] & (to[:, d] >= 0), d, pick_to)
             pick_any = np.where(movable[:, d], d, pick_any)
         chosen = np.where(pick_to >= 0, pick_to, pick_any)
         if (chosen < 0).any():
             raise AssertionError("reshard_path stuck")
         dest = np.where(pick_to >= 0, to[rows, chosen], -1)
-        a = last[rows, chosen]
-        before = 1 / prod[mv]
-        ln = lcm[rows, chosen] - 1
-        cc[mv, chosen] = c[rows, chosen] % pw[ln]
+        return chosen, dest, last[rows, chosen]
+
+    def move_one_axis(self, mv: np.ndarray) -> None:
+        """Pairs ``mv`` (no free slice left): one axis leaves a dim, by an all-to-all when a
+        target dim wants it next, else an all-gather; each collective's α and β terms added."""
+        cc, lc, pw, sizes, mesh = self.cc, self.lc, self.pw, self.sizes, self.mesh
+        chosen, dest, a = self._chosen_move(mv)
+        rows = np.arange(len(mv))
+        before = 1 / self.prod[mv]
+        ln = lc[mv][rows, chosen] - 1
+        cc[mv, chosen] = cc[mv][rows, chosen] % pw[ln]
         lc[mv, chosen] = ln
         n = sizes[a]
         moved = dest >= 0
@@ -234,36 +291,31 @@ def _walk_batch(
         cc[i2, d2] += (a2 + 1) * pw[lc[i2, d2]]
         lc[i2, d2] += 1
         i3, a3 = mv[~moved], a[~moved]
-        used[i3] &= ~np.left_shift(1, a3)
-        prod[i3] //= sizes[a3]
+        self.used[i3] &= ~np.left_shift(1, a3)
+        self.prod[i3] //= sizes[a3]
         charged = n > 1
-        nbytes = np.where(charged, (n - 1) / n * (1 / prod[mv]), 0.0)
-        f = latency[a] * np.where(charged, n - 1, 0)
-        b = nbytes / bandwidth[a]
-        if local:  # layout copies around a priced collective on a dim past the first
+        nbytes = np.where(charged, (n - 1) / n * (1 / self.prod[mv]), 0.0)
+        f = self.latency[a] * np.where(charged, n - 1, 0)
+        b = nbytes / self.bandwidth[a]
+        if self.local:  # layout copies around a priced collective on a dim past the first
             copied = charged & (chosen > 0)
             f = np.where(copied, f + 2 * mesh.kernel_overhead, f)
-            b = np.where(copied, b + (2 * before + 2 * (1 / prod[mv])) / mesh.mem_bandwidth, b)
-        if comm:
-            per_byte[mv] = per_byte[mv] + nbytes
+            b = np.where(copied, b + (2 * before + 2 * (1 / self.prod[mv])) / mesh.mem_bandwidth, b)
+        if self.comm:
+            self.per_byte[mv] = self.per_byte[mv] + nbytes
         else:
-            fixed[mv] = fixed[mv] + f
-            per_byte[mv] = per_byte[mv] + b
+            self.fixed[mv] = self.fixed[mv] + f
+            self.per_byte[mv] = self.per_byte[mv] + b
         # with free gathers only the all-to-alls are charged, the same terms (adding nothing
         # to the other pairs leaves their floats as they are)
         alltoall = np.nonzero(charged & moved)[0]
         if len(alltoall):
             i = mv[alltoall]
-            if comm:
-                free_per[i] = free_per[i] + nbytes[alltoall]
+            if self.comm:
+                self.free_per[i] = self.free_per[i] + nbytes[alltoall]
             else:
-                free_fixed[i] = free_fixed[i] + f[alltoall]
-                free_per[i] = free_per[i] + b[alltoall]
-    if len(ids):
-        raise AssertionError("reshard_path did not converge")
-    if comm:
-        out_fixed, out_free_fixed = np.zeros(total), np.zeros(total)
-    return (out_fixed, out_per), (out_free_fixed, out_free_per)
+                self.free_fixed[i] = self.free_fixed[i] + f[alltoall]
+                self.free_per[i] = self.free_per[i] + b[alltoall]
 
 
 def _canonical(

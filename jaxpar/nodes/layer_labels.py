@@ -74,6 +74,17 @@ def node_labels(ng: NodeGraph) -> list[str]:
     their first labelled reader; optimizer state that of the parameter whose path it ends with.
     """
     labels = [n.label for n in ng.nodes]
+    consumers = ng.program.consumers()
+    _label_contractions_by_parameter(ng, labels)
+    _spread_update_labels(ng, labels, consumers)
+    _label_inputs_by_reader(ng, labels, consumers)
+    _label_state_by_parameter(ng, labels)
+    return labels
+
+
+def _label_contractions_by_parameter(ng: NodeGraph, labels: list[str]) -> None:
+    """A contraction with no module in its name stack (Flax NNX) takes the layer of the
+    parameter path feeding it."""
     origin = param_labels(ng.program)
     for node in ng.nodes:
         if labels[node.index] or node.anchor < 0:
@@ -84,12 +95,11 @@ def node_labels(ng: NodeGraph) -> list[str]:
                 if t is not None and t in origin:
                     labels[node.index] = layer_from_param_path(origin[t])
                     break
-    # Optimizer nodes (no module in their name stack) belong to the layer whose gradient or
-    # parameter they read: OWT then keeps a dense layer's momentum with its weights.
-    # Labels spread along update-phase edges both ways (momentum * b1 reads no gradient, but
-    # its consumer does), until nothing changes.
+
+
+def _update_neighbours(ng: NodeGraph, consumers: dict[int, list[int]]) -> dict[int, set[int]]:
+    """Per update-phase node, the nodes it reads from and (its own) that read it."""
     program = ng.program
-    consumers = program.consumers()
     neighbours: dict[int, set[int]] = {}
     for node in ng.nodes:
         if node.anchor < 0 or node.phase != UPDATE:
@@ -108,6 +118,15 @@ def node_labels(ng: NodeGraph) -> list[str]:
                     dst = ng.node_of_eqn[e]
                     if dst != node.index:
                         neighbours.setdefault(node.index, set()).add(dst)
+    return neighbours
+
+
+def _spread_update_labels(ng: NodeGraph, labels: list[str], consumers: dict) -> None:
+    """Optimizer nodes (no module in their name stack) belong to the layer whose gradient or
+    parameter they read: OWT then keeps a dense layer's momentum with its weights. Labels
+    spread along update-phase edges both ways (momentum * b1 reads no gradient, but its
+    consumer does), until nothing changes."""
+    neighbours = _update_neighbours(ng, consumers)
     changed = True
     while changed:
         changed = False
@@ -118,11 +137,15 @@ def node_labels(ng: NodeGraph) -> list[str]:
             found = next((labels[u] for u in sorted(near) if labels[u]), "")
             if found:
                 labels[v], changed = found, True
-    # Input nodes, and the barriers jax puts before a rematerialized layer (named for the
-    # stack around it), take the label of their first labelled reader in program order. A
-    # parameter's node also holds its cast to the compute dtype, so the readers of all its
-    # tensors count: without them a bf16 model's weights had no layer, and their copies in
-    # repeated layers were not tied.
+
+
+def _label_inputs_by_reader(ng: NodeGraph, labels: list[str], consumers: dict) -> None:
+    """Input nodes, and the barriers jax puts before a rematerialized layer (named for the
+    stack around it), take the label of their first labelled reader in program order. A
+    parameter's node also holds its cast to the compute dtype, so the readers of all its
+    tensors count: without them a bf16 model's weights had no layer, and their copies in
+    repeated layers were not tied."""
+    program = ng.program
     for node in ng.nodes:
         if (node.anchor >= 0 or labels[node.index]) and not _is_barrier(program, node):
             continue
@@ -135,8 +158,12 @@ def node_labels(ng: NodeGraph) -> list[str]:
         found = next((labels[r] for e in readers if labels[r := ng.node_of_eqn[e]]), "")
         if found:
             labels[node.index] = found
-    # Optimizer state (momentum, Adam moments) mirrors the parameter tree: a state leaf whose
-    # path ends like a labelled parameter's belongs to that parameter's layer.
+
+
+def _label_state_by_parameter(ng: NodeGraph, labels: list[str]) -> None:
+    """Optimizer state (momentum, Adam moments) mirrors the parameter tree: a state leaf whose
+    path ends like a labelled parameter's belongs to that parameter's layer."""
+    program = ng.program
     paths = dict(zip(program.invars, program.invar_paths, strict=True))
     by_suffix: dict[str, str] = {}
     for node in ng.nodes:
@@ -147,7 +174,6 @@ def node_labels(ng: NodeGraph) -> list[str]:
             hits = [x for x in by_suffix if x and paths[node.invar].endswith(x)]
             if hits:
                 labels[node.index] = by_suffix[max(hits, key=len)]
-    return labels
 
 
 def layer_kinds(ng: NodeGraph) -> dict[str, str]:
