@@ -239,7 +239,9 @@ class Plan:
 
     def export_specs(self) -> Any:
         """Argument and result PartitionSpec pytrees, a path -> spec listing, and logical-axis
-        rules where expressible (`plan_export.ExportedSpecs`): to run the plan without jaxpar."""
+        rules in MaxText's format, with the model's own logical names where it has them, for
+        every name the plan splits one way (`export.ExportedSpecs`): to run the plan without
+        jaxpar."""
         return export.export_specs(self)
 
     def __repr__(self) -> str:
