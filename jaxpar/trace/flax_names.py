@@ -9,7 +9,7 @@ boxed (logically partitioned) parameters, which the jaxpr alone does not keep.
 - ``nn.with_logical_partitioning`` parameters arrive boxed (``nn.LogicallyPartitioned``, a
   subclass of ``flax.core.meta.Partitioned``): `boxed_names` gives the names of each array
   leaf inside such a box, keyed like `tracing.split_args` keys the leaves.
-- `logical_rules_in_context`: the ``nn.logical_axis_rules`` in force while tracing.
+- `logical_rules_in_context`: the logical axis rules the step applied (or those in force).
 
 Flax is looked up in ``sys.modules`` only: a step that never imported it has none of these.
 """
@@ -47,11 +47,15 @@ def _scope_name(names: Any) -> str | None:
     return f"{LOGICAL_SCOPE}[{','.join(parts)}]"
 
 
-def _tagging(original: Any) -> Any:
-    """Flax's per-array constraint function, traced inside a scope naming its logical axes."""
+def _tagging(original: Any, rules_seen: list) -> Any:
+    """Flax's per-array constraint function, traced inside a scope naming its logical axes;
+    the rules it applies are appended to ``rules_seen`` (each set once)."""
 
     @functools.wraps(original)
     def tagged(axis_resources: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        rules = kwargs.get("rules")
+        if rules and not any(r is rules for r in rules_seen):
+            rules_seen.append(rules)
         scope = _scope_name(axis_resources)
         if scope is None:
             return original(axis_resources, x, *args, **kwargs)
@@ -63,21 +67,23 @@ def _tagging(original: Any) -> Any:
 
 
 @contextlib.contextmanager
-def tagged_logical_constraints() -> Iterator[None]:
+def tagged_logical_constraints() -> Iterator[list]:
     """While tracing: Flax's logical constraints traced inside a scope naming their axes.
+    Yields the list of the logical axis rules they apply (filled while tracing).
 
     Flax applies ``nn.with_logical_constraint`` array by array through one module-level
     function of ``flax.linen.spmd``; it is wrapped for the duration and restored after. A
     Flax without that function is left alone (its constraints are then planned unnamed)."""
+    rules_seen: list = []
     spmd = sys.modules.get("flax.linen.spmd")
     name = "_with_sharding_constraint_one_fallback"
     original = getattr(spmd, name, None) if spmd is not None else None
     if original is None or getattr(original, "__jaxpar_tagged__", False):
-        yield
+        yield rules_seen
         return
-    setattr(spmd, name, _tagging(original))
+    setattr(spmd, name, _tagging(original, rules_seen))
     try:
-        yield
+        yield rules_seen
     finally:
         setattr(spmd, name, original)
 
@@ -120,8 +126,12 @@ def boxed_names(args: tuple) -> dict[str, tuple[str | None, ...]]:
     return out
 
 
-def logical_rules_in_context() -> tuple[tuple[str, Any], ...]:
-    """The ``nn.logical_axis_rules`` in force now (empty without Flax or rules)."""
+def logical_rules_in_context(rules_seen: list) -> tuple[tuple[str, Any], ...]:
+    """The logical axis rules of a step: the first its constraints applied
+    (`tagged_logical_constraints`), else the ``nn.logical_axis_rules`` in force now (empty
+    without Flax or rules)."""
+    if rules_seen:
+        return tuple((str(n), a) for n, a in rules_seen[0])
     spmd = sys.modules.get("flax.linen.spmd")
     if spmd is None:
         return ()

@@ -537,14 +537,15 @@ def tracing_mesh(names: tuple[str, ...], sizes: tuple[int, ...]) -> AbstractMesh
 
 
 @contextlib.contextmanager
-def _traced_under(mesh: AbstractMesh | None) -> Iterator[None]:
+def _traced_under(mesh: AbstractMesh | None) -> Iterator[list]:
     """Flax's logical constraints tagged with their names, and ``mesh`` in context unless the
-    user set one (`jax.set_mesh`, `jax.sharding.use_abstract_mesh`): theirs then rules."""
+    user set one (`jax.set_mesh`, `jax.sharding.use_abstract_mesh`): theirs then rules.
+    Yields the list of the logical axis rules Flax applied (`flax_names`)."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(tagged_logical_constraints())
+        rules_seen = stack.enter_context(tagged_logical_constraints())
         if mesh is not None and jax.sharding.get_abstract_mesh().empty:
             stack.enter_context(jax.sharding.use_abstract_mesh(mesh))
-        yield
+        yield rules_seen
 
 
 def _without_dead_code(jaxpr: Any) -> Any:
@@ -580,9 +581,9 @@ def trace(fn: Any, args: tuple, mesh: AbstractMesh | None = None) -> tuple[Progr
         for a in arrays
     ]
     try:
-        with _traced_under(mesh):
+        with _traced_under(mesh) as rules_seen:
             closed = jax.make_jaxpr(flat_fn)(*abstract)
-            rules = logical_rules_in_context()
+            rules = logical_rules_in_context(rules_seen)
     except Exception as err:
         raise TraceError(
             f"could not trace {getattr(fn, '__name__', fn)!r} to a jaxpr: "
