@@ -274,14 +274,15 @@ def hinted(
     except (ValueError, MemoryBudgetError) as err:
         outcome = HintOutcome(
             None, None, free_cost.objective, free_cost.cost.step_for(options.objective), False,
-            str(err),
+            str(err), free_peak=free[2].estimate.peak,
         )  # fmt: skip
         return free, outcome
     kept_cost = kept[1].evaluation
     chose_kept = kept_cost.objective <= free_cost.objective * (1 + 1e-9) + 1e-300
     outcome = HintOutcome(
         kept_cost.objective, kept_cost.cost.step_for(options.objective), free_cost.objective,
-        free_cost.cost.step_for(options.objective), chose_kept,
+        free_cost.cost.step_for(options.objective), chose_kept, "", kept[2].estimate.peak,
+        free[2].estimate.peak,
     )  # fmt: skip
     return (kept if chose_kept else free), outcome
 

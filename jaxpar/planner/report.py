@@ -322,8 +322,9 @@ def hint_text(plan: Plan) -> str:
         return f"; no plan keeps them all ({h.why})"
     verdict = "the plan keeps them" if h.chose_kept else "the search's own plan is faster"
     return (
-        f"; keeping them all: {h.kept_step_s * 1e3:.4f} {unit}, the search's own plan: "
-        f"{h.free_step_s * 1e3:.4f} {unit} ({verdict})"
+        f"; keeping them all: {h.kept_step_s * 1e3:.4f} {unit} ({h.kept_peak / 1e9:.3f} GB peak), "
+        f"the search's own plan: {h.free_step_s * 1e3:.4f} {unit} ({h.free_peak / 1e9:.3f} GB "
+        f"peak; {verdict})"
     )
 
 

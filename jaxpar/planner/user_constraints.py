@@ -44,6 +44,8 @@ class HintOutcome:
     free_step_s: float
     chose_kept: bool  # the plan is the one keeping every constraint
     why: str = ""  # why no plan keeps them all, when none does
+    kept_peak: float | None = None  # predicted peak bytes per device of the plan keeping them
+    free_peak: float | None = None  # and of the search's own plan
 
 
 def asked_layout(
