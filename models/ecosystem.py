@@ -120,3 +120,73 @@ def equinox_lm(
     tokens = jax.random.randint(keys[-1], (batch, seq), 0, vocab)
     name = "equinox_lm_scanned" if scanned else "equinox_lm"
     return EcosystemStep(name, step, (params, tx.init(params), tokens))
+
+
+# ---- Hugging Face transformers (Flax) ----------------------------------------------------
+
+HF_MODELS = ("hf_llama", "hf_gpt2", "hf_bert", "hf_t5")
+
+
+class _ClipShim:
+    """``jax.numpy`` for transformers' Flax T5, whose ``jnp.clip(a_min=, a_max=)`` this JAX
+    no longer takes (it takes ``min=``/``max=``): every other name is jax.numpy's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jnp, name)
+
+    @staticmethod
+    def clip(a: Any, a_min: Any = None, a_max: Any = None, **kw: Any) -> Any:
+        return jnp.clip(a, kw.pop("min", a_min), kw.pop("max", a_max), **kw)
+
+
+def _hf_config(name: str, seq: int) -> tuple[Any, Any]:
+    """(config, Flax model class) of a small model of the family ``name``."""
+    import transformers as tf
+
+    small = {"vocab_size": 256}
+    if name == "hf_llama":
+        cfg = tf.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=seq, **small,
+        )  # fmt: skip
+        return cfg, tf.FlaxLlamaForCausalLM
+    if name == "hf_gpt2":
+        return tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=seq, **small), (
+            tf.FlaxGPT2LMHeadModel
+        )
+    if name == "hf_bert":
+        cfg = tf.BertConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=seq, **small,
+        )  # fmt: skip
+        return cfg, tf.FlaxBertForMaskedLM
+    if name == "hf_t5":
+        from transformers.models.t5 import modeling_flax_t5
+
+        modeling_flax_t5.jnp = _ClipShim()
+        cfg = tf.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, **small)
+        return cfg, tf.FlaxT5ForConditionalGeneration
+    raise KeyError(f"unknown Hugging Face model {name!r}; known: {', '.join(HF_MODELS)}")
+
+
+def hf_flax(name: str, batch: int = 32, seq: int = 32, dtype: Any = jnp.float32) -> EcosystemStep:
+    """A Hugging Face Flax model (a key of `HF_MODELS`) from a small config, random weights,
+    and its AdamW step: causal LM loss (Llama, GPT-2), masked-LM loss on every position
+    (BERT), or the decoder's next-token loss with the tokens as both sides (T5)."""
+    cfg, cls = _hf_config(name, seq)
+    model = cls(cfg, seed=0, dtype=dtype)
+    params = _cast(model.params, dtype)
+
+    def loss_of(p: Any, tokens: jax.Array) -> jax.Array:
+        if name == "hf_t5":
+            logits = model(input_ids=tokens, decoder_input_ids=tokens, params=p).logits
+        else:
+            logits = model(input_ids=tokens, params=p).logits
+        if name == "hf_bert":
+            logits = logits.astype(jnp.promote_types(jnp.float32, logits.dtype))
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+        return lm_loss(logits, tokens)
+
+    step, tx = adamw_step(loss_of)
+    tokens = jax.random.randint(jax.random.key(1), (batch, seq), 0, cfg.vocab_size)
+    return EcosystemStep(name, step, (params, tx.init(params), tokens))
