@@ -536,6 +536,23 @@ def tracing_mesh(names: tuple[str, ...], sizes: tuple[int, ...]) -> AbstractMesh
     return AbstractMesh(tuple(sizes), tuple(names), axis_types=(AxisType.Auto,) * len(names))
 
 
+def _jaxpr_of(flat_fn: Any, abstract: list, mesh: AbstractMesh | None) -> tuple[Any, tuple]:
+    """The closed jaxpr of ``flat_fn`` and the logical axis rules its Flax constraints applied.
+
+    Traced as it is first. When Flax's logical constraints asked for rules and no mesh is in
+    context (Flax then constrains nothing), traced again under ``mesh``, so that they become
+    ``sharding_constraint`` equations. Other steps are traced without a mesh in context, as
+    ``jax.jit`` traces them (a ``shard_map`` over a concrete mesh refuses an abstract one)."""
+    with _traced_under(None) as rules_seen:
+        closed = jax.make_jaxpr(flat_fn)(*abstract)
+        rules = logical_rules_in_context(rules_seen)
+    if rules_seen and mesh is not None and jax.sharding.get_abstract_mesh().empty:
+        with _traced_under(mesh) as rules_seen:
+            closed = jax.make_jaxpr(flat_fn)(*abstract)
+            rules = logical_rules_in_context(rules_seen)
+    return closed, rules
+
+
 @contextlib.contextmanager
 def _traced_under(mesh: AbstractMesh | None) -> Iterator[list]:
     """Flax's logical constraints tagged with their names, and ``mesh`` in context unless the
@@ -562,9 +579,9 @@ def _without_dead_code(jaxpr: Any) -> Any:
 def trace(fn: Any, args: tuple, mesh: AbstractMesh | None = None) -> tuple[Program, Any]:
     """Trace ``fn(*args)`` to a flat Program; also return the output treedef.
 
-    ``mesh`` (`tracing_mesh`): traced with that mesh in context, unless one is already set.
-    The program records the user's sharding constraints and the logical names Flax gives
-    (`flax_names`)."""
+    ``mesh`` (`tracing_mesh`): when the step's Flax logical constraints need a mesh in context
+    and none is set, traced again under it (`_jaxpr_of`). The program records the user's
+    sharding constraints and the logical names Flax gives (`flax_names`)."""
     Signature.of(args)  # validates the static leaves
     arrays, paths, rebuild = split_args(args)
     out_tree_box: list[Any] = []
@@ -581,9 +598,7 @@ def trace(fn: Any, args: tuple, mesh: AbstractMesh | None = None) -> tuple[Progr
         for a in arrays
     ]
     try:
-        with _traced_under(mesh) as rules_seen:
-            closed = jax.make_jaxpr(flat_fn)(*abstract)
-            rules = logical_rules_in_context(rules_seen)
+        closed, rules = _jaxpr_of(flat_fn, abstract, mesh)
     except Exception as err:
         raise TraceError(
             f"could not trace {getattr(fn, '__name__', fn)!r} to a jaxpr: "
