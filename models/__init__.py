@@ -43,6 +43,18 @@ remat variant and batch/context overrides of a Llama: ``models.llama.llama_examp
 models.llama.llama_config(name, remat=True, batch=256, seq_len=4096))``.  ``config["params"]``
 of every example is its number of trainable parameters.
 
+``MAXTEXT`` are MaxText-style decoders (``models/maxtext.py``, written from MaxText's structure:
+logical axis names on every parameter and activation, ``nn.scan`` over ``nn.remat`` layers,
+MaxText's 12-axis mesh from its ``ici_*``/``dcn_*`` settings and its default logical axis rules
+as data; kept out of ``NAMES`` like the Llamas; at full size abstract use only):
+
+==============  ===========================================================  ==========
+name            model                                                        parameters
+==============  ===========================================================  ==========
+maxtext_8b      Llama 3 8B's dimensions, 32 scanned remat layers, AdamW      8.03B
+maxtext_small   its 2-layer test size (d128, 16/8 heads of 8, MLP 256)       0.4M
+==============  ===========================================================  ==========
+
 ``SCANNED`` are models whose repeated layers run inside one ``lax.scan``, and the unrolled twin
 ``gpt_unrolled_linen`` (``models/scanned.py``; kept out of ``NAMES`` and ``EXTRA`` like the
 Llamas).  Full sizes below; the small configs are 4 layers at d64, batch 16 (``mlp_grad_accum``:
@@ -87,6 +99,7 @@ from models import (  # noqa: F401
     convnets,
     inception,
     llama,
+    maxtext,
     mlp,
     nnx_models,
     scanned,
@@ -117,17 +130,20 @@ EXTRA: tuple[str, ...] = ("cnn", "mlp", "gpt_small", "nnx_mlp")
 # Full-size Llamas (billions of parameters: abstract use only) and their small test model.
 LARGE: tuple[str, ...] = ("llama3_8b", "llama3_70b", "gemma_7b", "mixtral_8x7b")
 LARGE_EXTRA: tuple[str, ...] = ("llama_small",)
+# MaxText-style decoders (tests/test_maxtext.py): full size and the test size.
+MAXTEXT: tuple[str, ...] = ("maxtext_8b", "maxtext_small")
 # Scanned-layer models (tests/test_scanned_models.py).
 SCANNED: tuple[str, ...] = scanned.NAMES
 
-assert set(NAMES + EXTRA + LARGE + LARGE_EXTRA + SCANNED) == set(registered_names()), (
-    "NAMES/EXTRA/LARGE/LARGE_EXTRA/SCANNED out of sync with the registry"
+assert set(NAMES + EXTRA + LARGE + LARGE_EXTRA + SCANNED + MAXTEXT) == set(registered_names()), (
+    "NAMES/EXTRA/LARGE/LARGE_EXTRA/SCANNED/MAXTEXT out of sync with the registry"
 )
 
 __all__ = [
     "EXTRA",
     "LARGE",
     "LARGE_EXTRA",
+    "MAXTEXT",
     "NAMES",
     "SCANNED",
     "Example",

@@ -71,7 +71,9 @@ def test_names_registered():
     assert models.EXTRA == ("cnn", "mlp", "gpt_small", "nnx_mlp")
     assert len(set(ALL)) == len(ALL)
     registered = set(models.registered_names())
-    assert registered == set(ALL + models.LARGE + models.LARGE_EXTRA + models.SCANNED)
+    assert registered == set(
+        ALL + models.LARGE + models.LARGE_EXTRA + models.SCANNED + models.MAXTEXT
+    )
 
 
 @pytest.mark.api

@@ -247,8 +247,7 @@ def test_exported_specs_run_with_plain_jit():
     assert_equivalent(out, step(*ex.make_args(0)), rtol=1e-5)
     text = exported.text()
     assert "['kernel']" in text or "kernel" in text
-    if exported.logical_rules is None:
-        assert exported.logical_reason.startswith("not expressible")
+    assert "logical-axis rules" in text
 
 
 @pytest.mark.api
@@ -257,16 +256,17 @@ def test_logical_rules_and_listing(mlp_file):
     exported = plan.export_specs()
     rules, axes = exported.logical_rules, exported.logical_axes
     assert set(axes) == set(plan.program.invar_paths)
-    if rules is not None:  # every leaf's dims follow its names' rules
-        table = dict(rules)
-        for (path, spec), (_, names) in zip(exported.listing, axes.items(), strict=False):
-            entries = tuple(spec) + (None,) * (len(names) - len(spec))
-            assert entries == tuple(table[n] for n in names), path
-    else:
-        assert "not expressible" in exported.logical_reason
+    table = dict(rules)
+    assert len(table) == len(rules)  # one rule per expressible name
+    assert not set(table) & set(exported.not_expressible)
+    for (path, spec), (_, names) in zip(exported.listing, axes.items(), strict=False):
+        entries = tuple(spec) + (None,) * (len(names) - len(spec))
+        for n, entry in zip(names, entries, strict=True):  # each dim follows its name's rule
+            assert table[n] == entry if n in table else n in exported.not_expressible, path
     replicated = jaxpar.plan(ex.step, *ex.args, mesh=MESH, strategy="data")
-    rules = replicated.export_specs().logical_rules  # data parallel: one layout per role
-    assert rules is not None and ("kernel.0", None) in rules
+    exported = replicated.export_specs()  # data parallel: one layout per role
+    assert ("kernel.0", None) in exported.logical_rules and not exported.not_expressible
+    assert ["kernel.0", []] in exported.maxtext_rules()
     listing = loads(text).listing()
     assert listing.count("\n") + 1 == len(plan.program.invars) + len(plan.program.outvars)
     assert np.all([line.split(":")[0] for line in listing.splitlines()])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -423,19 +423,22 @@ def build_tables(
     feedback: Sequence[tuple[int, int]],
     pinned: dict[int, Config],
     tick: Tick | None = None,
+    allowed: Mapping[int, Sequence[Config]] | None = None,
 ) -> CostTables:
-    """Configurations (``pinned`` nodes forced), compute and unary tables, and the reshard
-    tables of every read, summed into both problems."""
+    """Configurations (``pinned`` nodes forced, ``allowed`` nodes restricted to those given),
+    compute and unary tables, and the reshard tables of every read, summed into both
+    problems."""
     tick = tick or (lambda _detail: None)
     sizes, comm = params.mesh.sizes, params.objective == "comm"
     configs, compute, host, unary = [], [], [], []
     memo: dict = {}  # nodes alike share their collectives' prices
     for node in ng.nodes:
-        cfgs = (
-            [pinned[node.index]]
-            if node.index in pinned
-            else node_configs(ng, node, sizes, comm, params.mesh.names)
-        )
+        if allowed and node.index in allowed:
+            cfgs = list(allowed[node.index])
+        elif node.index in pinned:
+            cfgs = [pinned[node.index]]
+        else:
+            cfgs = node_configs(ng, node, sizes, comm, params.mesh.names)
         configs.append(cfgs)
         node_compute, node_host, node_unary = node_tables(ng, node, cfgs, params, memo)
         compute.append(node_compute)

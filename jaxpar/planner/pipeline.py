@@ -35,7 +35,7 @@ from ..search.candidates import Choice, choose
 from ..search.memory_budget import BudgetFit, fit_budget
 from ..search.options import DEFAULT_OBJECTIVE, PlannerOptions
 from ..trace.meshes import describe_mesh, resolve_cluster
-from ..trace.tracing import is_array_leaf, trace
+from ..trace.tracing import is_array_leaf, trace, tracing_mesh
 from ..xla.allreduce_combiner import combiner_for
 from ..xla.fusion import fusion_for
 from .plan import Plan, eval_context, layouts
@@ -43,11 +43,16 @@ from .plan_file import PlanFile
 from .reuse import check_call, check_layouts, saved_choice, saved_configs
 from .signature_layouts import feedback_pairs, pinned_configs, pins_from_specs
 from .stages import Analysis, ArgLayout, Progress, StageClock, Target, Traced
+from .user_constraints import HintOutcome, constraint_configs
 
 
-def trace_step(fn: Any, args: tuple, options: PlannerOptions) -> Traced:
-    """Trace ``fn(*args)`` to a flat program; find the batch arguments."""
-    program, out_tree = trace(fn, args)
+def trace_step(
+    fn: Any, args: tuple, options: PlannerOptions, target: Target | None = None
+) -> Traced:
+    """Trace ``fn(*args)`` to a flat program (under ``target``'s mesh: `tracing.tracing_mesh`);
+    find the batch arguments."""
+    mesh = None if target is None else tracing_mesh(target.mesh.names, target.mesh.sizes)
+    program, out_tree = trace(fn, args, mesh)
     leaves, treedef = tree_util.tree_flatten(args, is_leaf=lambda x: x is None)
     layout = ArgLayout(treedef, tuple(is_array_leaf(x) for x in leaves), out_tree)
     prefixes = tuple(f"[{i}]" for i in options.batch_args(len(args)))
@@ -178,11 +183,12 @@ def _make_plan(fn, args, mesh, cluster, options, in_specs, progress, saved) -> P
     clock = StageClock(progress)
     if saved is not None:
         check_call(saved, mesh, args)
-    with clock.stage("trace"):
-        traced = trace_step(fn, args, options)
-    clock.done("trace", f"{len(traced.program.eqns)} equations")
     with clock.stage("graph"):
         target = target_for(mesh, cluster, options.objective)
+    with clock.stage("trace"):
+        traced = trace_step(fn, args, options, target)
+    clock.done("trace", f"{len(traced.program.eqns)} equations")
+    with clock.stage("graph"):
         analysis = analyze(traced)
     clock.done("graph", f"{len(analysis.ng.nodes)} nodes")
     with clock.stage("cost"):
@@ -191,13 +197,49 @@ def _make_plan(fn, args, mesh, cluster, options, in_specs, progress, saved) -> P
             if saved is not None
             else user_pins(analysis, target, in_specs, args)
         )
+    mode = options.user_constraints if traced.program.user_constraints and saved is None else ""
+    budget = memory_budget(options.memory_budget, target)
+    run = lambda allowed: searched(
+        traced, target, analysis, options, pinned, allowed, clock, saved, budget
+    )
+    hint = None
+    if mode == "pin":
+        found = run(kept_configs(traced, target, analysis, options, pinned))
+    elif mode == "hint":
+        found, hint = hinted(traced, target, analysis, options, pinned, run)
+    else:
+        found = run(None)
+    tables, choice, fit, model = found
+    choice = dataclasses.replace(choice, baselines=choice.baselines.for_plan())
+    stats = plan_stats(clock, traced, tables, choice, options)
+    stats.update(budget_bound=fit.bound, budget_solves=fit.solves, memory_budget=budget)
+    if saved is not None:
+        stats.update(saved=saved.predicted, loaded_plan=True)
+    plan = assemble(traced, target, analysis, tables, choice, options, stats, model, fit)
+    if hint is not None:
+        plan = dataclasses.replace(plan, hint=hint)
+    if saved is not None:
+        check_layouts(saved, plan)
+    return plan
+
+
+Searched = tuple[CostTables, Choice, BudgetFit, MemoryModel]
+
+
+def searched(
+    traced: Traced, target: Target, analysis: Analysis, options: PlannerOptions,
+    pinned: dict, allowed: dict | None, clock: StageClock, saved: PlanFile | None,
+    budget: float | None,
+) -> Searched:  # fmt: skip
+    """The cost and search stages over the configurations ``pinned`` and ``allowed`` leave:
+    the tables, the chosen assignment, how it fits the memory budget, the memory model."""
+    with clock.stage("cost"):
         tables = build_tables(
-            analysis.ng, target.params, analysis.feedback, pinned, clock.ticker("costs")
+            analysis.ng, target.params, analysis.feedback, pinned, clock.ticker("costs"), allowed
         )
     n_configs, n_edges = sum(map(len, tables.configs)), len(tables.problem.edges)
     clock.done("costs", f"{n_configs} configurations, {n_edges} edges")
     ctx = eval_context(analysis, target, tables, options, traced.program)
-    budget = memory_budget(options.memory_budget, target)
     model = memory_model(traced, target, analysis, tables, options)
     with clock.stage("search"):
         if saved is not None:
@@ -206,15 +248,44 @@ def _make_plan(fn, args, mesh, cluster, options, in_specs, progress, saved) -> P
             choice = choose(ctx, options, target.params.mesh.sizes, clock.ticker("search", 0.0))
             choice, fit = fit_budget(ctx, options, model, budget, choice, clock.ticker("search"))
     clock.done("search", "certified optimal" if choice.optimal else "best found (not certified)")
-    choice = dataclasses.replace(choice, baselines=choice.baselines.for_plan())
-    stats = plan_stats(clock, traced, tables, choice, options)
-    stats.update(budget_bound=fit.bound, budget_solves=fit.solves, memory_budget=budget)
-    if saved is not None:
-        stats.update(saved=saved.predicted, loaded_plan=True)
-    plan = assemble(traced, target, analysis, tables, choice, options, stats, model, fit)
-    if saved is not None:
-        check_layouts(saved, plan)
-    return plan
+    return tables, choice, fit, model
+
+
+def kept_configs(
+    traced: Traced, target: Target, analysis: Analysis, options: PlannerOptions, pinned: dict
+) -> dict:
+    """Node -> the configurations keeping every user constraint it holds (`user_constraints`)."""
+    mesh = target.params.mesh
+    return constraint_configs(
+        analysis.ng, traced.program.user_constraints, mesh.names, mesh.sizes,
+        options.objective == "comm", pinned,
+    )  # fmt: skip
+
+
+def hinted(
+    traced: Traced, target: Target, analysis: Analysis, options: PlannerOptions, pinned: dict,
+    run: Any,
+) -> tuple[Searched, HintOutcome]:  # fmt: skip
+    """``user_constraints="hint"``: the search's own plan and the best plan keeping every
+    constraint; the faster under the objective, the kept one when they tie."""
+    free = run(None)
+    free_cost = free[1].evaluation
+    try:
+        kept = run(kept_configs(traced, target, analysis, options, pinned))
+    except (ValueError, MemoryBudgetError) as err:
+        outcome = HintOutcome(
+            None, None, free_cost.objective, free_cost.cost.step_for(options.objective), False,
+            str(err), free_peak=free[2].estimate.peak,
+        )  # fmt: skip
+        return free, outcome
+    kept_cost = kept[1].evaluation
+    chose_kept = kept_cost.objective <= free_cost.objective * (1 + 1e-9) + 1e-300
+    outcome = HintOutcome(
+        kept_cost.objective, kept_cost.cost.step_for(options.objective), free_cost.objective,
+        free_cost.cost.step_for(options.objective), chose_kept, "", kept[2].estimate.peak,
+        free[2].estimate.peak,
+    )  # fmt: skip
+    return (kept if chose_kept else free), outcome
 
 
 def plan_stats(

@@ -24,6 +24,7 @@ from ..search.options import PlannerOptions
 from ..solver.problem import Problem
 from . import export, plan_file, report
 from .stages import Analysis, Target, Traced
+from .user_constraints import HintOutcome, constraint_rows
 
 # what a tensor the step holds in host memory is given as (JAX's host memory space)
 HOST_MEMORY_KIND = "pinned_host"
@@ -59,6 +60,8 @@ class Plan:
     layouts: Layouts  # of the chosen assignment
     memory: MemoryEstimate  # predicted bytes per device, with the budget it was planned for
     memory_model: MemoryModel  # prices the memory of other assignments (variants)
+    # user_constraints="hint": the plan keeping every user constraint beside the search's own
+    hint: HintOutcome | None = None
 
     # ---- the stages' facts -----------------------------------------------------------------
 
@@ -196,6 +199,11 @@ class Plan:
         """Per layer: configuration, layout, t_C / t_X / t_S, bytes; totals; baselines."""
         return report.plan_report(self)
 
+    def user_constraints(self) -> list[dict[str, Any]]:
+        """The step's own sharding constraints, one row each: where, the layout asked, the one
+        planned, kept or not (`user_constraints.constraint_rows`)."""
+        return constraint_rows(self)
+
     def comparison(self) -> str:
         """Predicted step time and communication beside the baselines (and both searches)."""
         return report.comparison(self)
@@ -231,7 +239,9 @@ class Plan:
 
     def export_specs(self) -> Any:
         """Argument and result PartitionSpec pytrees, a path -> spec listing, and logical-axis
-        rules where expressible (`plan_export.ExportedSpecs`): to run the plan without jaxpar."""
+        rules in MaxText's format, with the model's own logical names where it has them, for
+        every name the plan splits one way (`export.ExportedSpecs`): to run the plan without
+        jaxpar."""
         return export.export_specs(self)
 
     def __repr__(self) -> str:

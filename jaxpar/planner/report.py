@@ -284,10 +284,48 @@ def plan_report(plan: Plan) -> str:
         memory_lines(plan),
         comparison(plan),
     ]
+    if plan.program.user_constraints:
+        lines.append(constraint_lines(plan))
     hetero = heterogeneity_report(plan)
     if hetero:
         lines.append(hetero)
     return "\n".join(lines)
+
+
+def constraint_lines(plan: Plan) -> str:
+    """The step's own sharding constraints: each one's place, the layout asked and the one
+    planned; with ``user_constraints="hint"``, the plan keeping them all beside the search's."""
+    rows = plan.user_constraints()
+    n_kept = sum(1 for r in rows if r["kept"])
+    mode = plan.options.user_constraints
+    head = f"user constraints ({mode}): {n_kept} of {len(rows)} kept"
+    lines = [head + hint_text(plan)]
+    w = max(len(r["asked"]) for r in rows)
+    for r in rows:
+        what = {True: "kept", False: "overridden", None: "not on this mesh"}[r["kept"]]
+        names = f"  logical {tuple(r['logical'])}" if r["logical"] else ""
+        lines.append(
+            f"  eqn {r['equation']:<5} {r['phase']:<8} {r['asked']:<{w}} -> {r['planned']:<{w}} "
+            f"{what:<10} {r['where'] or '(top level)'}{names}"
+        )
+    return "\n".join(lines)
+
+
+def hint_text(plan: Plan) -> str:
+    """With ``user_constraints="hint"``: what keeping every constraint costs beside the plan
+    chosen (empty in "pin" mode: every constraint is kept)."""
+    h = plan.hint
+    if h is None:
+        return ""
+    unit = "ms" if plan.objective != "comm" else "ms (Eq. 1)"
+    if h.kept_step_s is None:
+        return f"; no plan keeps them all ({h.why})"
+    verdict = "the plan keeps them" if h.chose_kept else "the search's own plan is faster"
+    return (
+        f"; keeping them all: {h.kept_step_s * 1e3:.4f} {unit} ({h.kept_peak / 1e9:.3f} GB peak), "
+        f"the search's own plan: {h.free_step_s * 1e3:.4f} {unit} ({h.free_peak / 1e9:.3f} GB "
+        f"peak; {verdict})"
+    )
 
 
 def memory_lines(plan: Plan) -> str:
@@ -366,6 +404,11 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "in_specs": {
             p: str(plan.partition_spec(s))
             for p, s in zip(plan.program.invar_paths, plan.invar_specs, strict=True)
+        },
+        "user_constraints": {
+            "mode": plan.options.user_constraints,
+            "constraints": plan.user_constraints(),
+            "hint": None if plan.hint is None else dataclasses.asdict(plan.hint),
         },
     }
 

@@ -70,6 +70,21 @@ class Equation:
     region: int = -1  # the innermost planned region holding it (`Program.regions`), or -1
 
 
+@dataclasses.dataclass(frozen=True)
+class UserConstraint:
+    """A layout the user's step asks for: a ``with_sharding_constraint`` (plain, or made by
+    Flax's ``nn.with_logical_constraint``) on one tensor, as traced."""
+
+    eqn: int  # the ``sharding_constraint`` equation
+    tensor: int  # the tensor it constrains (its result)
+    # per tensor dim: the mesh axis names splitting it, () replicated, None unconstrained (free)
+    spec: tuple[tuple[str, ...] | None, ...]
+    axis_sizes: tuple[tuple[str, int], ...]  # the constraint's mesh: (axis name, size)
+    logical: tuple[str | None, ...] | None  # Flax's logical names per dim, when it had them
+    name_stack: str  # where in the step (the equation's name stack)
+    readable: bool = True  # False: a sharding that names no mesh axes (left to the plan)
+
+
 # Primitives whose body `trace` inlines into the flat program (and `body_buffers` into a
 # shard_map's body), each with the param that holds the body.
 CALL_BODIES = {
@@ -174,6 +189,13 @@ class Program:
     # jax_threefry_partitionable when traced: each threefry random bit depends on the key and
     # its own index alone, so XLA partitions `random_bits` like an elementwise op
     threefry_partitionable: bool = False
+    # the user's own sharding constraints, in program order (`UserConstraint`)
+    user_constraints: list[UserConstraint] = dataclasses.field(default_factory=list)
+    # logical axis names per dim of tensors that have them: arguments boxed in Flax's
+    # ``LogicallyPartitioned`` and the results of Flax's logical constraints
+    logical_names: dict[int, tuple[str | None, ...]] = dataclasses.field(default_factory=dict)
+    # the ``nn.logical_axis_rules`` in force when the step was traced
+    logical_rules: tuple[tuple[str, Any], ...] = ()
     # analyses of the program other modules keep for it (`tables.gathers_free`), by key
     memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 

@@ -11,6 +11,8 @@ from ..solver.problem import SearchBudget
 from .baselines import STRATEGIES
 
 SEARCHES = ("elimination", "kcut")  # joint elimination (OptCNN) / one DP per mesh axis (SoyBean)
+# what the plan does with the step's own sharding constraints (`PlannerOptions.user_constraints`)
+USER_CONSTRAINTS = ("hint", "pin")
 # The step as XLA runs it: gradient syncs and prefetched gathers behind compute (docs/cost.md,
 # "Overlapped step"). "time" (OptCNN Eq. 1) stays for the paper benchmarks and its certificate.
 DEFAULT_OBJECTIVE = "overlap"
@@ -59,6 +61,14 @@ class PlannerOptions:
       what it stacks an iteration behind, beside the next iteration's compute, and each
       prefetched gather holds one more buffer through the loop (docs/cost.md, "Pipelined
       loops"). False (default): a loop's collectives overlap only their own iteration.
+    - ``user_constraints``: what the plan does with the step's own sharding constraints
+      (``jax.lax.with_sharding_constraint``, Flax's ``nn.with_logical_constraint`` under
+      ``nn.logical_axis_rules``). "hint" (default): the search runs twice, free and with every
+      constraint pinned, and the plan is the faster of the two under the objective, the user's
+      when they tie: never slower than the user's annotations, and `Plan.report` lists each
+      constraint, kept or overridden, with both plans' step. "pin": every constrained tensor
+      keeps the user's layout (its node's configurations are restricted, as ``in_specs``
+      restricts an argument's), one search; an impossible constraint is an error.
     """
 
     strategy: str = "auto"
@@ -71,6 +81,7 @@ class PlannerOptions:
     donate_argnums: tuple[int, ...] | None = None
     share_blocks: bool | None = None
     pipelined_loops: bool = False
+    user_constraints: str = "hint"
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -81,6 +92,12 @@ class PlannerOptions:
             raise ValueError(
                 f"search={self.search!r}; choose one of {SEARCHES} (joint elimination, or "
                 "SoyBean's k-cut: one cut per mesh axis, slowest interconnect first)"
+            )
+        if self.user_constraints not in USER_CONSTRAINTS:
+            raise ValueError(
+                f"user_constraints={self.user_constraints!r}; choose 'hint' (the search may "
+                "override the step's own sharding constraints when that is faster) or 'pin' "
+                "(every constrained tensor keeps the layout the step asks for)"
             )
         if self.memory_budget not in (None, "device"):
             object.__setattr__(self, "memory_budget", parse_bytes(self.memory_budget))

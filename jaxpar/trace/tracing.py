@@ -23,8 +23,10 @@ signature and are closed over, exactly as `jax.jit(static_argnums=...)` would tr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 from jax.extend import core as jex_core
+from jax.sharding import AbstractMesh, AxisType, PartitionSpec
 
 try:  # JAX's own dead-code elimination (internal: absent in some version, we skip it)
     from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
@@ -50,8 +53,17 @@ from ..program.graph import (
     Program,
     Region,
     Tensor,
+    UserConstraint,
 )
 from ..program.shard_map_stacks import per_device_stacks
+from .flax_names import (
+    LOGICAL_SCOPE,
+    boxed_names,
+    logical_rules_in_context,
+    logical_scope,
+    tagged_logical_constraints,
+    without_logical_scope,
+)
 from .while_trips import counted_trips
 
 _REMAT = ("checkpoint", "remat", "remat2")
@@ -123,6 +135,12 @@ def split_args(args: tuple) -> tuple[list[Any], list[str], Any]:
     return [leaves[i] for i in idx], paths, rebuild
 
 
+def _argument_names(args: tuple, paths: list[str], invars: list[int]) -> dict:
+    """Argument tensor -> the logical names of its Flax box (`flax_names.boxed_names`)."""
+    names = boxed_names(args)
+    return {t: names[p] for p, t in zip(paths, invars, strict=True) if p in names}
+
+
 def _dtype_info(aval: Any) -> tuple[str, int]:
     return _dtype_name_and_size(aval.dtype)
 
@@ -145,6 +163,8 @@ class _Flattener:
         self.consts: dict[int, Any] = {}
         self.regions: list[Region] = []
         self.region = -1  # the region whose body is being walked
+        self.constraints: list[UserConstraint] = []
+        self.logical: dict[int, tuple[str | None, ...]] = {}  # tensor -> logical names
 
     def new_tensor(self, aval: Any) -> int:
         dtype, itemsize = _dtype_info(aval)
@@ -162,6 +182,9 @@ class _Flattener:
             name = eqn.primitive.name
             stack = str(eqn.source_info.name_stack)
             stack = f"{prefix}/{stack}" if prefix and stack else (prefix or stack)
+            logical = None
+            if LOGICAL_SCOPE in stack:  # a Flax logical constraint (`flax_names`)
+                logical, stack = logical_scope(stack), without_logical_scope(stack)
             if name in ("scan", "cond"):
                 getattr(self, name)(eqn, env, stack)
                 continue
@@ -205,6 +228,26 @@ class _Flattener:
                     env[v] = tid
                 outs.append(tid)
             self.add(name, dict(eqn.params), ins, lits, outs, stack, eqn.primitive)
+            if name == "sharding_constraint" and ins[0] is not None:
+                self.user_constraint(self.eqns[-1], logical)
+
+    def user_constraint(self, eqn: Equation, logical: tuple[str | None, ...] | None) -> None:
+        """Record a ``sharding_constraint`` the user's step makes (`graph.UserConstraint`)."""
+        tid = eqn.outputs[0]
+        ndim = len(self.tensors[tid].shape)
+        spec, sizes = constraint_spec(
+            eqn.params.get("sharding"), eqn.params.get("unconstrained_dims", ()), ndim
+        )
+        if logical is not None and len(logical) != ndim:
+            logical = None
+        if logical is not None:
+            self.logical[tid] = logical
+        self.constraints.append(
+            UserConstraint(
+                eqn=eqn.index, tensor=tid, spec=spec or (None,) * ndim, axis_sizes=sizes,
+                logical=logical, name_stack=eqn.name_stack, readable=spec is not None,
+            )
+        )  # fmt: skip
 
     def linear_solve(self, eqn: Any, env: dict, stack: str) -> None:
         """``custom_linear_solve`` (``jnp.linalg.solve``): its value is its solve body's, read
@@ -461,6 +504,67 @@ def _memory_move(dst: Any, on_host: bool) -> Any:
     return jax.memory.Space.Host if to_host else jax.memory.Space.Device
 
 
+def constraint_spec(
+    sharding: Any, unconstrained: Any, ndim: int
+) -> tuple[tuple[tuple[str, ...] | None, ...] | None, tuple[tuple[str, int], ...]]:
+    """(per dim: the mesh axes a constraint's sharding splits it over, () replicated, None
+    free; the sharding's mesh as (name, size) pairs). (None, ()) for a sharding that is not a
+    `NamedSharding` (it names no mesh axes)."""
+    spec = getattr(sharding, "spec", None)
+    mesh = getattr(sharding, "mesh", None)
+    if spec is None or mesh is None:
+        return None, ()
+    sizes = tuple((str(n), int(s)) for n, s in zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    free = set(unconstrained or ())
+    out: list[tuple[str, ...] | None] = []
+    for d in range(ndim):
+        entry = spec[d] if d < len(spec) else None
+        if d in free or entry is PartitionSpec.UNCONSTRAINED:
+            out.append(None)
+        elif entry is None:
+            out.append(())
+        else:
+            out.append((entry,) if isinstance(entry, str) else tuple(entry))
+    return tuple(out), sizes
+
+
+def tracing_mesh(names: tuple[str, ...], sizes: tuple[int, ...]) -> AbstractMesh:
+    """The mesh a step is traced under: the planning mesh's axes, all `AxisType.Auto`, with no
+    devices. Inside it, Flax's logical constraints become real ``sharding_constraint``
+    equations (Flax emits none without a mesh in context) and bare-PartitionSpec constraints
+    resolve."""
+    return AbstractMesh(tuple(sizes), tuple(names), axis_types=(AxisType.Auto,) * len(names))
+
+
+def _jaxpr_of(flat_fn: Any, abstract: list, mesh: AbstractMesh | None) -> tuple[Any, tuple]:
+    """The closed jaxpr of ``flat_fn`` and the logical axis rules its Flax constraints applied.
+
+    Traced as it is first. When Flax's logical constraints asked for rules and no mesh is in
+    context (Flax then constrains nothing), traced again under ``mesh``, so that they become
+    ``sharding_constraint`` equations. Other steps are traced without a mesh in context, as
+    ``jax.jit`` traces them (a ``shard_map`` over a concrete mesh refuses an abstract one)."""
+    with _traced_under(None) as rules_seen:
+        closed = jax.make_jaxpr(flat_fn)(*abstract)
+        rules = logical_rules_in_context(rules_seen)
+    if rules_seen and mesh is not None and jax.sharding.get_abstract_mesh().empty:
+        with _traced_under(mesh) as rules_seen:
+            closed = jax.make_jaxpr(flat_fn)(*abstract)
+            rules = logical_rules_in_context(rules_seen)
+    return closed, rules
+
+
+@contextlib.contextmanager
+def _traced_under(mesh: AbstractMesh | None) -> Iterator[list]:
+    """Flax's logical constraints tagged with their names, and ``mesh`` in context unless the
+    user set one (`jax.set_mesh`, `jax.sharding.use_abstract_mesh`): theirs then rules.
+    Yields the list of the logical axis rules Flax applied (`flax_names`)."""
+    with contextlib.ExitStack() as stack:
+        rules_seen = stack.enter_context(tagged_logical_constraints())
+        if mesh is not None and jax.sharding.get_abstract_mesh().empty:
+            stack.enter_context(jax.sharding.use_abstract_mesh(mesh))
+        yield rules_seen
+
+
 def _without_dead_code(jaxpr: Any) -> Any:
     """``jaxpr`` without the equations no result depends on (every argument kept), as XLA
     drops them: differentiation traces primal values only a tangent reads, and a tangent
@@ -472,8 +576,12 @@ def _without_dead_code(jaxpr: Any) -> Any:
     return _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)[0]
 
 
-def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
-    """Trace ``fn(*args)`` to a flat Program; also return the output treedef."""
+def trace(fn: Any, args: tuple, mesh: AbstractMesh | None = None) -> tuple[Program, Any]:
+    """Trace ``fn(*args)`` to a flat Program; also return the output treedef.
+
+    ``mesh`` (`tracing_mesh`): when the step's Flax logical constraints need a mesh in context
+    and none is set, traced again under it (`_jaxpr_of`). The program records the user's
+    sharding constraints and the logical names Flax gives (`flax_names`)."""
     Signature.of(args)  # validates the static leaves
     arrays, paths, rebuild = split_args(args)
     out_tree_box: list[Any] = []
@@ -490,7 +598,7 @@ def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
         for a in arrays
     ]
     try:
-        closed = jax.make_jaxpr(flat_fn)(*abstract)
+        closed, rules = _jaxpr_of(flat_fn, abstract, mesh)
     except Exception as err:
         raise TraceError(
             f"could not trace {getattr(fn, '__name__', fn)!r} to a jaxpr: "
@@ -533,6 +641,9 @@ def trace(fn: Any, args: tuple) -> tuple[Program, Any]:
         outvar_paths=out_paths,
         regions=flat.regions,
         threefry_partitionable=bool(jax.config.jax_threefry_partitionable),
+        user_constraints=flat.constraints,
+        logical_names=_argument_names(args, paths, invars) | flat.logical,
+        logical_rules=rules,
     )
     for tid, block in per_device_stacks(program).items():
         program.tensors[tid] = block  # a differentiated shard_map's residuals
