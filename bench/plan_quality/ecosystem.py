@@ -14,7 +14,8 @@ transformers' Flax Llama, GPT-2, BERT and T5; all built from small configs, rand
 A model whose library is not installed is reported as such (``pip install -e ".[ecosystem]"``
 for transformers; Equinox is in the test extra).
 
-    python bench/plan_quality/ecosystem.py --json bench/plan_quality/results/ecosystem.json --md bench/plan_quality/results/ecosystem.md
+    python bench/plan_quality/ecosystem.py --json bench/plan_quality/results/ecosystem.json \
+        --md bench/plan_quality/results/ecosystem.md
 """
 
 from __future__ import annotations
