@@ -434,7 +434,7 @@ def build_tables(
         cfgs = (
             [pinned[node.index]]
             if node.index in pinned
-            else node_configs(ng, node, sizes, comm, params.mesh.names)
+            else node_configs(ng, node, sizes, comm, params.mesh.names, params.mesh.trivial)
         )
         configs.append(cfgs)
         node_compute, node_host, node_unary = node_tables(ng, node, cfgs, params, memo)
