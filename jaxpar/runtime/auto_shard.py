@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 from jax import tree_util
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..nodes.configs import Spec, spec_of
 from ..planner.pipeline import make_plan, merge_options
@@ -343,7 +343,20 @@ def step_body(plan: Plan, out_shardings: list[NamedSharding]) -> Any:
     def inside(*flat: Any) -> list[Any]:
         return run_program(plan, list(flat), jax.sharding.get_abstract_mesh())
 
-    return jax.sharding.auto_axes(inside, axes=explicit, out_sharding=list(out_shardings))
+    # auto_axes gives results back on the Explicit axes only; the jit's out_shardings lay
+    # them out over the Auto axes of a mixed mesh
+    out = [_over(s, frozenset(explicit)) for s in out_shardings]
+    return jax.sharding.auto_axes(inside, axes=explicit, out_sharding=out)
+
+
+def _over(sharding: NamedSharding, axes: frozenset[str]) -> NamedSharding:
+    """``sharding`` with its spec keeping only the mesh axes ``axes``."""
+    entries = []
+    for entry in sharding.spec:
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        kept = tuple(n for n in names if n in axes)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return NamedSharding(sharding.mesh, PartitionSpec(*entries), memory_kind=sharding.memory_kind)
 
 
 def call_context(plan: Plan) -> Any:
