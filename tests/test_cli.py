@@ -236,8 +236,14 @@ BAD_PLAN_INPUT = [
     (["lenet5", "--mesh", "a=1000000000"], ["1,000,000,000 devices", "at most 1,048,576"]),
     (["lenet5", "--mesh", "a=2048,b=1024"], ["2,097,152 devices"]),
     # batch
-    (["lenet5", "--mesh", "a=8", "--batch", "12"], ["batch 12 does not split", "--batch 8 or 16"]),
-    (["lenet5", "--mesh", "a=8", "--batch", "4"], ["batch 4 does not split", "--batch 8"]),
+    (
+        ["lenet5", "--mesh", "a=8", "--batch", "12", "--strategy", "data"],
+        ["--strategy data cannot run at batch 12", "over the 8 devices", "--batch 8 or 16"],
+    ),
+    (
+        ["lenet5", "--mesh", "a=4,b=2", "--batch", "2", "--strategy", "fsdp_tp"],
+        ["fsdp_tp cannot run at batch 2", "over the 4 devices", "--batch 4", "--strategy auto"],
+    ),
     (["lenet5", "--mesh", "a=4", "--batch", "0"], ["0 is not a batch", "at least 1"]),
     (["lenet5", "--mesh", "a=4", "--batch", "-8"], ["-8 is not a batch"]),
     (["lenet5", "--mesh", "a=4", "--batch", "4.5"], ["'4.5' is not a whole number"]),
@@ -297,7 +303,8 @@ def test_plan_bad_input_is_one_clear_line(argv, fragments, capsys):
 
 def test_bad_input_is_one_line_even_with_progress_on(capsys):
     """Without --quiet the checks still run before any progress line is printed."""
-    line = assert_one_error_line(["plan", "lenet5", "--mesh", "a=8", "--batch", "12"], capsys)
+    argv = ["plan", "lenet5", "--mesh", "a=8", "--batch", "12", "--strategy", "fsdp"]
+    line = assert_one_error_line(argv, capsys)
     assert "does not split" in line
 
 
@@ -500,3 +507,44 @@ def test_console_module_entry_point():
     )
     assert proc.returncode == 0, proc.stderr
     assert "jaxpar plan: strategy=auto" in proc.stdout
+
+
+def test_a_batch_smaller_than_the_mesh_plans_and_marks_the_baselines_that_cannot_run(
+    tmp_path, capsys
+):
+    """A batch of 4 on 8 devices (2 nodes of 4): auto plans it; data parallelism and FSDP
+    split the batch over all 8 devices and cannot run, so they are marked, not run on a
+    sub-mesh and compared; fsdp_tp splits it over the 2 nodes only and runs."""
+    out_json = tmp_path / "plan.json"
+    argv = ["plan", "llama3_8b", "--small", "--mesh", "node=2,gpu=4", "--cluster", "dgx-h100"]
+    argv += ["--batch", "4", "--strategy", "all", "--json", str(out_json), "--quiet"]
+    rc, out, _ = run_cli(argv, capsys)
+    assert rc == 0
+    comparison = out.split("auto vs best other")[0].splitlines()
+    rows = {line.split()[0]: line for line in comparison if line.split()[:1]}
+    why = "cannot run at batch 4: batch 4 does not split over the 8 devices its data parallelism"
+    assert why in rows["data"] and why in rows["fsdp"]
+    for name in ("auto", "model", "owt", "fsdp_tp"):
+        assert "cannot run" not in rows[name] and " n/a " in rows[name], rows[name]
+    assert "auto vs best other (" in out and "(data)" not in out and "(fsdp)" not in out
+    doc = json.loads(out_json.read_text())["strategies"]
+    assert doc["data"]["cannot_run"] and doc["fsdp"]["cannot_run"]
+    assert doc["auto"]["cannot_run"] is None and doc["auto"]["speedup_vs_data"] is None
+    # the tables below the comparison hold the plans that run
+    phase_head = next(line for line in out.splitlines() if line.startswith("phase "))
+    assert phase_head.split()[1:] == ["auto", "model", "owt", "fsdp_tp"]
+
+
+@pytest.mark.slow
+def test_llama3_8b_batch_16_on_64_devices_plans():
+    """The issue's command: Llama 3 8B, batch 16 on 8 DGX H100 nodes (PyTorch AutoParallel's
+    tensor-parallel example), in a process of its own as a user runs it."""
+    cmd = [sys.executable, "-m", "jaxpar", "plan", "llama3_8b", "--mesh", "node=8,gpu=8"]
+    cmd += ["--cluster", "dgx-h100", "--batch", "16", "--strategy", "all", "--quiet"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    comparison = done.stdout.split("auto vs best other")[0].splitlines()
+    rows = {line.split()[0]: line for line in comparison if line.split()[:1]}
+    assert "cannot run at batch 16" in rows["data"] and "cannot run at batch 16" in rows["fsdp"]
+    assert "cannot run" not in rows["auto"]

@@ -259,7 +259,6 @@ def test_calibrate_adds_a_models_table_from_an_earlier_file(tmp_path, capsys, mo
         (["--batch", "4"], "--batch is an option of --contractions-of"),
         (["--from", str(first)], "--from FILE only makes sense with --contractions-of"),
         (["--contractions-of", "mlpp"], "unknown model 'mlpp'"),
-        (["--contractions-of", "mlp", "--plan-mesh", "a=2", "--batch", "3"], "does not split"),
     ):
         assert main(["calibrate", "--quick", "--out", str(tmp_path / "x.json"), *argv]) == 2
         err = capsys.readouterr().err

@@ -376,16 +376,50 @@ def check_cluster(name: str) -> str:
     return name
 
 
-def check_batch(batch: int, devices: int) -> None:
-    """Raise ValueError unless `batch` splits evenly over `devices` (data parallelism)."""
-    if batch % devices:
-        below = batch // devices * devices
-        fits = f"--batch {below} or {below + devices}" if below else f"--batch {devices}"
-        raise ValueError(
-            f"batch {batch} does not split over the mesh's {plural(devices, 'device')}, so data "
-            f"parallelism (the baseline every comparison is against) cannot run; pass --batch "
-            f"a multiple of {devices}, e.g. {fits}"
-        )
+def data_parallel_devices(strategy: str, sizes: Sequence[int], convolutions: bool) -> int:
+    """The devices a strategy's data parallelism splits the global batch over (1: none).
+
+    ``data`` and ``fsdp`` split it over the whole mesh, ``fsdp_tp`` over every axis but the
+    last (the tensor-parallel one), ``owt`` over the whole mesh where the model has
+    convolutions (its dense layers are model parallel); ``auto``, ``hypar`` and ``model`` need
+    nothing of the batch. Axes of size 1 split nothing.
+    """
+    axes = [s for s in sizes if s > 1]
+    if strategy in ("data", "fsdp") or (strategy == "owt" and convolutions):
+        return math.prod(axes)
+    if strategy == "fsdp_tp":
+        return math.prod(axes[:-1] if len(axes) > 1 else axes)
+    return 1
+
+
+def batch_shortfall(strategy: str, batch: int, sizes: Sequence[int], convolutions: bool) -> str:
+    """Why ``strategy`` cannot run at ``batch`` on a mesh of axis ``sizes`` ("" if it can): its
+    data parallelism needs the batch to split over its devices (`data_parallel_devices`);
+    planned anyway it would run on a sub-mesh, a different strategy than its name says."""
+    devices = data_parallel_devices(strategy, sizes, convolutions)
+    if batch % devices == 0:
+        return ""
+    return (
+        f"batch {batch} does not split over the {plural(devices, 'device')} its data "
+        "parallelism spans"
+    )
+
+
+def check_strategy_batch(strategy: str, batch: int, mesh: dict[str, int]) -> None:
+    """Raise ValueError, before planning, when the one strategy asked for cannot run at
+    ``batch`` (a strategy whose batch split is known without the model: ``data``, ``fsdp``,
+    ``fsdp_tp``); ``auto`` plans any batch, and ``all`` marks the baselines that cannot run."""
+    why = batch_shortfall(strategy, batch, list(mesh.values()), convolutions=False)
+    if not why:
+        return
+    devices = data_parallel_devices(strategy, list(mesh.values()), False)
+    below = batch // devices * devices
+    fits = f"--batch {below} or {below + devices}" if below else f"--batch {devices}"
+    raise ValueError(
+        f"--strategy {strategy} cannot run at batch {batch}: {why}; pass --batch a multiple of "
+        f"{devices}, e.g. {fits}, or --strategy auto (any batch) or all (the baselines that "
+        "cannot run are marked)"
+    )
 
 
 def zoo_example(

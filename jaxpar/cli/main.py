@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -32,12 +33,13 @@ from .arguments import (
     SEARCH_CHOICES,
     STRATEGY_CHOICES,
     arg_type,
-    check_batch,
+    batch_shortfall,
     check_cluster,
     check_decoder_build,
     check_model,
     check_output_path,
     check_plot,
+    check_strategy_batch,
     choice_type,
     mesh_text,
     parse_batch,
@@ -135,9 +137,16 @@ class _Progress:
             print(f"[{elapsed:6.1f}s] {stage:<7} {detail}", file=sys.stderr, flush=True)
 
 
-def comparison_table(plans: dict[str, Any], batch: int) -> str:
-    """Step time, throughput, communication and speedup over data parallel, per strategy."""
-    step = {name: p.cost.step_for(p.objective) for name, p in plans.items()}
+def comparison_table(
+    plans: dict[str, Any], batch: int, blocked: dict[str, str] | None = None
+) -> str:
+    """Step time, throughput, communication and speedup over data parallel, per strategy.
+
+    ``blocked``: strategy -> why it cannot run at ``batch`` (`blocked_strategies`): shown as
+    such, not as its plan on a sub-mesh, and left out of every comparison.
+    """
+    blocked = blocked or {}
+    step = {n: p.cost.step_for(p.objective) for n, p in plans.items() if n not in blocked}
     overlap = any(p.objective == "overlap" for p in plans.values())
     head = (
         f"{'strategy':<9} {'overlap ms' if overlap else 'step ms':>11} {'samples/s':>12} "
@@ -145,17 +154,35 @@ def comparison_table(plans: dict[str, Any], batch: int) -> str:
     )
     lines = [head, "-" * len(head)]
     for name, plan in plans.items():
-        speed = step["data"] / step[name] if "data" in step and step[name] > 0 else math.nan
+        if name in blocked:
+            lines.append(f"{name:<9} cannot run at batch {batch}: {blocked[name]}")
+            continue
+        speed = f"{step['data'] / step[name]:7.2f}x" if "data" in step and step[name] > 0 else ""
         fits = {None: "-", True: "yes", False: "NO"}[plan.memory.fits]
         lines.append(
             f"{name:<9} {step[name] * 1e3:11.4f} {batch / step[name]:12.1f} "
-            f"{plan.cost.comm_bytes / 1e6:13.3f} {speed:7.2f}x {plan.memory.peak / 1e9:12.3f}  "
-            f"{fits:<4}  {plan.optimal}"
+            f"{plan.cost.comm_bytes / 1e6:13.3f} {speed or 'n/a':>8} "
+            f"{plan.memory.peak / 1e9:12.3f}  {fits:<4}  {plan.optimal}"
         )
-    if "auto" in plans and len(plans) > 1:
-        best = min((k for k in plans if k != "auto"), key=step.__getitem__)
+    others = [k for k in step if k != "auto"]
+    if "auto" in step and others:
+        best = min(others, key=step.__getitem__)
         lines.append(f"auto vs best other ({best}): {step[best] / step['auto']:.2f}x faster")
     return "\n".join(lines)
+
+
+def blocked_strategies(plans: dict[str, Any], batch: int) -> dict[str, str]:
+    """Strategy -> why it cannot run at ``batch`` (`arguments.batch_shortfall`), for the plans
+    whose data parallelism the batch does not split over."""
+    from ..nodes.layer_labels import layer_kinds
+
+    out = {}
+    for name, plan in plans.items():
+        convolutions = name == "owt" and "conv" in layer_kinds(plan.ng).values()
+        why = batch_shortfall(name, batch, plan.mesh_axes.sizes, convolutions)
+        if why:
+            out[name] = why
+    return out
 
 
 def layer_table(plans: dict[str, Any]) -> str:
@@ -185,81 +212,61 @@ def explanatory_tables(plans: dict[str, Any]) -> list[str]:
 # ---- checks that run before anything slow ------------------------------------------------------
 
 
-def plan_command(args: argparse.Namespace) -> int:
-    """Plan a zoo model on an abstract mesh: no accelerator and no parameters allocated."""
+@dataclasses.dataclass(frozen=True)
+class _PlanInput:
+    """What ``jaxpar plan`` was asked, checked (`checked_plan_input`)."""
+
+    model: str
+    build: Any  # arguments.DecoderBuild
+    preset: str  # a cluster preset or calibration file
+    mesh: dict[str, int]
+    devices: int
+
+
+def checked_plan_input(args: argparse.Namespace) -> _PlanInput:
+    """Everything that can be wrong with the input, checked before the (slow) planning."""
     mesh: dict[str, int] = args.mesh
-    devices = math.prod(mesh.values())
-    # Everything that can be wrong with the input is checked before the (slow) planning.
     if args.json is not None:
         check_output_path("--json", args.json, "plan.json")
     if args.plot is not None:
         check_plot(args.plot)
     if args.batch is not None:
-        check_batch(args.batch, devices)
+        check_strategy_batch(args.strategy, args.batch, mesh)
     model = check_model(args.model)
     build = check_decoder_build(
         model, args.remat, args.scan_layers, args.capacity_factor, args.seq_len, args.remat_policy
     )  # fmt: skip
-    preset = check_cluster(args.cluster)
+    return _PlanInput(model, build, check_cluster(args.cluster), mesh, math.prod(mesh.values()))
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """Plan a zoo model on an abstract mesh: no accelerator and no parameters allocated."""
+    given = checked_plan_input(args)
     say = _Progress(args.quiet)
 
     import jax
     import jax.numpy as jnp
 
-    import jaxpar
-
     from ..trace.meshes import describe_mesh, resolve_cluster
 
-    cluster = resolve_cluster(preset, describe_mesh(mesh))
+    cluster = resolve_cluster(given.preset, describe_mesh(given.mesh))
     # float64 needs jax's 64-bit mode, or the arrays would silently be float32
     wide = jax.enable_x64(True) if args.dtype == "float64" else contextlib.nullcontext()
     with wide:
         ex, batch, note = zoo_example(
-            model, args.batch, args.small, jnp.dtype(args.dtype), devices, build
+            given.model, args.batch, args.small, jnp.dtype(args.dtype), given.devices, given.build
         )  # fmt: skip
-        size = ", ".join(("small" if args.small else "full size", *build.words()))
-        say("model", f"{model} ({size}), batch {batch}" + (f" ({note})" if note else ""))
-        strategy = "auto" if args.strategy == "all" else args.strategy
-        plan = jaxpar.plan(
-            ex.step,
-            *ex.args,
-            mesh=mesh,
-            cluster=cluster,
-            strategy=strategy,
-            objective=args.objective,
-            search=args.search,
-            memory_budget=args.memory_budget,
-            options=jaxpar.PlannerOptions(pipelined_loops=args.pipelined_loops),
-            progress=say,
-        )
-        names = ALL_STRATEGIES if args.strategy == "all" else (strategy,)
-        plans = {n: plan.variant(n) for n in names}
-        title = (
-            f"{model}{' (small)' if args.small else ''}"
-            + "".join(f", {w}" for w in build.words())
-            + f", batch {batch}"
-            f"{f' ({note})' if note else ''}, mesh {mesh_text(mesh)} "
-            f"({plural(devices, 'device')}), cluster {cluster.name}, objective "
-            f"{args.objective}, dtype {args.dtype}"
-        )
+        size = ", ".join(("small" if args.small else "full size", *given.build.words()))
+        say("model", f"{given.model} ({size}), batch {batch}" + (f" ({note})" if note else ""))
+        plans = plan_strategies(args, ex, given.mesh, cluster, say)
+        title = plan_title(args, given, batch, note, cluster.name)
         print(title)
-        if args.strategy == "all":
-            print()
-            print(comparison_table(plans, batch))
-            # What the comparison does not show: per phase where each step goes, and the
-            # state's layout (jaxpar.report's tables for strategies side by side).
-            for table in explanatory_tables(plans):
-                print()
-                print(table)
-            print()
-            print(layer_table(plans))
-        else:
-            print(plan.report())
-            step_s = plan.cost.step_for(plan.objective)
-            print(f"throughput {batch / step_s:.1f} samples/s at batch {batch}")
+        blocked = blocked_strategies(plans, batch)
+        print_plans(args, plans, batch, blocked)
         if args.json:
+            document = plan_document(given.model, batch, given.mesh, cluster, plans, blocked)
             with open(args.json, "w") as f:
-                json.dump(plan_document(model, batch, mesh, cluster, plans), f, indent=1)
+                json.dump(document, f, indent=1)
             say("json", args.json)
         if args.plot:
             from ..planner.figures import plot_strategies
@@ -269,14 +276,83 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def plan_strategies(
+    args: argparse.Namespace, ex: Any, mesh: dict[str, int], cluster: Any, say: _Progress
+) -> dict[str, Any]:
+    """The plan of each strategy asked for (``--strategy all``: auto and the baselines, as
+    variants of one planning run)."""
+    import jaxpar
+
+    strategy = "auto" if args.strategy == "all" else args.strategy
+    plan = jaxpar.plan(
+        ex.step,
+        *ex.args,
+        mesh=mesh,
+        cluster=cluster,
+        strategy=strategy,
+        objective=args.objective,
+        search=args.search,
+        memory_budget=args.memory_budget,
+        options=jaxpar.PlannerOptions(pipelined_loops=args.pipelined_loops),
+        progress=say,
+    )
+    names = ALL_STRATEGIES if args.strategy == "all" else (strategy,)
+    return {n: plan.variant(n) for n in names}
+
+
+def plan_title(
+    args: argparse.Namespace, given: _PlanInput, batch: int, note: str, cluster: str
+) -> str:
+    """The first line of the output: model, batch, mesh, cluster, objective, dtype."""
+    return (
+        f"{given.model}{' (small)' if args.small else ''}"
+        + "".join(f", {w}" for w in given.build.words())
+        + f", batch {batch}"
+        f"{f' ({note})' if note else ''}, mesh {mesh_text(given.mesh)} "
+        f"({plural(given.devices, 'device')}), cluster {cluster}, objective "
+        f"{args.objective}, dtype {args.dtype}"
+    )
+
+
+def print_plans(
+    args: argparse.Namespace, plans: dict[str, Any], batch: int, blocked: dict[str, str]
+) -> None:
+    """The comparison and the tables (``--strategy all``), or the one plan's report."""
+    if args.strategy == "all":
+        print()
+        print(comparison_table(plans, batch, blocked))
+        # What the comparison does not show: per phase where each step goes, and the state's
+        # layout (jaxpar.report's tables for strategies side by side), of the plans that run.
+        runnable = {n: p for n, p in plans.items() if n not in blocked}
+        for table in explanatory_tables(runnable):
+            print()
+            print(table)
+        print()
+        print(layer_table(runnable))
+        return
+    ((name, plan),) = plans.items()
+    print(plan.report())
+    step_s = plan.cost.step_for(plan.objective)
+    print(f"throughput {batch / step_s:.1f} samples/s at batch {batch}")
+    if name in blocked:
+        print(
+            f"note: {name} cannot run at batch {batch}: {blocked[name]}; the plan above splits "
+            "the batch over fewer devices"
+        )
+
+
 JSON_SCHEMA = "jaxpar.plan/1"
 
 
 def plan_document(
-    model: str, batch: int, mesh: dict[str, int], cluster: Any, plans: dict[str, Any]
-) -> dict[str, Any]:
-    """What ``--json`` writes (``schema: jaxpar.plan/1``): one entry per strategy."""
-    data = plans.get("data")
+    model: str, batch: int, mesh: dict[str, int], cluster: Any, plans: dict[str, Any],
+    blocked: dict[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """What ``--json`` writes (``schema: jaxpar.plan/1``): one entry per strategy; a strategy
+    that cannot run at the batch (``blocked``) says why in ``cannot_run`` (else null) and has
+    no speedup, nor is it the reference of the others'."""
+    blocked = blocked or {}
+    data = plans.get("data") if "data" not in blocked else None
     out: dict[str, Any] = {
         "schema": JSON_SCHEMA,
         "model": model,
@@ -291,8 +367,11 @@ def plan_document(
         c = plan.cost
         entry["throughput"] = batch / c.step_s if c.step_s > 0 else math.inf
         entry["speedup_vs_data"] = (
-            data.cost.step_s / c.step_s if data is not None and c.step_s > 0 else None
+            data.cost.step_s / c.step_s
+            if data is not None and c.step_s > 0 and name not in blocked
+            else None
         )
+        entry["cannot_run"] = blocked.get(name)
         out["strategies"][name] = entry
     return json.loads(json.dumps(out, default=str))
 
@@ -422,9 +501,18 @@ def _add_plan(sub: Any) -> None:
         "--batch",
         type=arg_type(parse_batch, "batch"),
         default=None,
-        help="global batch, a multiple of the device count (default: the model's batch, "
-        "rounded up to a multiple of the device count)",
+        help="global batch (default: the model's batch, rounded up to a multiple of the device "
+        "count); any batch plans, one smaller than the mesh too: --strategy all marks the "
+        "baselines whose data parallelism it does not split over",
     )
+    _add_plan_choices(p_plan)
+    _add_plan_decoder_options(p_plan)
+    _add_plan_outputs(p_plan)
+    p_plan.set_defaults(func=plan_command)
+
+
+def _add_plan_choices(p_plan: Any) -> None:
+    """``jaxpar plan``'s choices: strategy, objective, search, dtype, memory budget."""
     choices = (
         ("strategy", STRATEGY_CHOICES, "auto", "auto: the search (default); data, model, owt: the "
          "baselines; hypar: HyPar's space; all: auto and the three baselines side by side"),
@@ -456,6 +544,10 @@ def _add_plan(sub: Any) -> None:
         help="bytes per device the plan must fit, e.g. 80GB (default 'device': the device's "
         "memory less 10%%; 'none': no limit)",
     )
+
+
+def _add_plan_decoder_options(p_plan: Any) -> None:
+    """``jaxpar plan``'s model options: --small, and how a large decoder is built."""
     p_plan.add_argument("--small", action="store_true", help="the reduced (test) model")
     p_plan.add_argument(
         "--remat",
@@ -496,6 +588,10 @@ def _add_plan(sub: Any) -> None:
         "--xla_gpu_enable_pipelined_{all_gather,all_reduce,reduce_scatter}=true): a scan's "
         "weight gathers and gradient all-reduces overlap the neighbouring iteration",
     )
+
+
+def _add_plan_outputs(p_plan: Any) -> None:
+    """``jaxpar plan``'s outputs: --json, --plot, --quiet."""
     p_plan.add_argument("--json", metavar="FILE", help="write the plan(s) as JSON")
     p_plan.add_argument(
         "--plot",
@@ -503,7 +599,6 @@ def _add_plan(sub: Any) -> None:
         help='draw per-layer configs and times (needs matplotlib: pip install -e ".[plot]")',
     )
     p_plan.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p_plan.set_defaults(func=plan_command)
 
 
 def _add_clusters(sub: Any) -> None:

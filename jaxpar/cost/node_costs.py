@@ -461,8 +461,10 @@ def _body_collectives(node: Node, cfg: Config, mesh: MeshAxes) -> tuple[NodeColl
             axes = tuple(a for a, d in enumerate(cfg) if d == c.split)
             if not axes:
                 continue
-        else:
-            axes = tuple(sorted(mesh.names.index(a) for a in c.axes))
+        else:  # a size-1 axis (not planned on, `MeshAxes.trivial`) moves nothing
+            axes = tuple(sorted(mesh.names.index(a) for a in c.axes if a in mesh.names))
+            if not axes:
+                continue
         shards = math.prod(mesh.sizes[a] for a, d in enumerate(cfg) if d >= 0 and d in c.dims)
         n, bw, lat = mesh.group(axes)
         sent = result_bytes_sent(c.kind, n, c.result_bytes / shards)

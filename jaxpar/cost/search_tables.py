@@ -261,20 +261,27 @@ class SharedReshards:
         self.patterns: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         # tensors read alike (a layer's copies) share one table: see `ReshardTables.ids`
         self.done: dict[tuple, np.ndarray] = {}
+        # `_step_parts` per (src, dst, gathers_free): this planning run's, dropped with it (a
+        # method's lru_cache would hold every run's instance, and its tables, across plans)
+        self.step_parts: dict[tuple, dict[tuple[Spec, Spec], tuple[float, float]]] = {}
 
-    @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 - one cache per planning run
     def _step_parts(
         self, src: Spec, dst: Spec, gathers_free: bool
     ) -> dict[tuple[Spec, Spec], tuple[float, float]]:
         """(before, after) -> (fixed, per-byte) cost of each priced step of the path src -> dst
         (`reshard.step_terms`: the α and β terms of `reshard.step_time`, bytes only under "comm");
         ``gathers_free``: of a uniform tensor (`reshard.priced_steps`)."""
+        key = (src, dst, gathers_free)
+        hit = self.step_parts.get(key)
+        if hit is not None:
+            return hit
         mesh, objective = self.reshards.params.mesh, self.reshards.params.objective
         local = local_priced(mesh, objective)
-        return {
+        hit = self.step_parts[key] = {
             (step.before, step.after): step_terms(step, mesh, objective == "comm", local)
             for step in priced_steps(reshard_path(1, src, dst, mesh.sizes), gathers_free, local)
         }
+        return hit
 
     def _pattern(self, src_specs: list[Spec], dst_specs: list[list[Spec]], gathers_free: bool):
         """(fixed, per_byte) arrays over (source layout, reader 1 layout, ...).
@@ -438,7 +445,7 @@ def build_tables(
         elif node.index in pinned:
             cfgs = [pinned[node.index]]
         else:
-            cfgs = node_configs(ng, node, sizes, comm, params.mesh.names)
+            cfgs = node_configs(ng, node, sizes, comm, params.mesh.names, params.mesh.trivial)
         configs.append(cfgs)
         node_compute, node_host, node_unary = node_tables(ng, node, cfgs, params, memo)
         compute.append(node_compute)

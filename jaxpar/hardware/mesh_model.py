@@ -59,6 +59,9 @@ class MeshAxes:
     # bytes/s per direction of the slowest device's link to host memory: prices moves to and
     # from pinned host memory (`cost.host_move_seconds`); 0: not known, they are not priced
     host_bandwidth: float = 0.0
+    # The user's mesh axes of size 1, left out of the planning mesh (`names` are the others):
+    # code partitioned by hand may name them, and splitting over them is a no-op.
+    trivial: tuple[str, ...] = ()
 
     @property
     def num_devices(self) -> int:

@@ -34,8 +34,14 @@ from ..nodes.planning_nodes import build_nodes
 from ..search.candidates import Choice, choose
 from ..search.memory_budget import BudgetFit, fit_budget
 from ..search.options import DEFAULT_OBJECTIVE, PlannerOptions
-from ..trace.meshes import describe_mesh, resolve_cluster
-from ..trace.tracing import is_array_leaf, trace, tracing_mesh
+from ..trace.meshes import (
+    check_planning_mesh,
+    describe_mesh,
+    resolve_cluster,
+    resolve_mesh,
+    tracing_mesh,
+)
+from ..trace.tracing import is_array_leaf, planning_abstract_mesh, trace
 from ..xla.allreduce_combiner import combiner_for
 from ..xla.fusion import fusion_for
 from .plan import Plan, eval_context, layouts
@@ -49,9 +55,10 @@ from .user_constraints import HintOutcome, constraint_configs
 def trace_step(
     fn: Any, args: tuple, options: PlannerOptions, target: Target | None = None
 ) -> Traced:
-    """Trace ``fn(*args)`` to a flat program (under ``target``'s mesh: `tracing.tracing_mesh`);
-    find the batch arguments."""
-    mesh = None if target is None else tracing_mesh(target.mesh.names, target.mesh.sizes)
+    """Trace ``fn(*args)`` to a flat program (under ``target``'s whole mesh, Auto and abstract,
+    when Flax's logical constraints need one: `tracing.planning_abstract_mesh`); find the
+    batch arguments."""
+    mesh = None if target is None else planning_abstract_mesh(target.mesh.names, target.mesh.sizes)
     program, out_tree = trace(fn, args, mesh)
     leaves, treedef = tree_util.tree_flatten(args, is_leaf=lambda x: x is None)
     layout = ArgLayout(treedef, tuple(is_array_leaf(x) for x in leaves), out_tree)
@@ -65,14 +72,20 @@ def trace_step(
 
 
 def target_for(mesh: Any, cluster: Any, objective: str) -> Target:
-    """The mesh's links and the slowest device's rates (an even split runs at its pace)."""
+    """The mesh's links and the slowest device's rates (an even split runs at its pace).
+
+    The cost model sees the planning mesh, the user's axes larger than 1 (`MeshDescription.
+    planned`); ``Target.mesh`` keeps the user's whole mesh, which shardings are built on.
+    """
     desc = describe_mesh(mesh)
     cl = resolve_cluster(cluster, desc)
-    axes = mesh_axes(cl, desc.names, desc.sizes, desc.device_ids)
-    peak, mem_bw = slowest_device(cl, desc.sizes, desc.device_ids)
+    names, sizes, ids = desc.planning_names, desc.planning_sizes, desc.planning_device_ids
+    axes = mesh_axes(cl, names, sizes, ids)
+    axes = dataclasses.replace(axes, trivial=desc.trivial_names)
+    peak, mem_bw = slowest_device(cl, sizes, ids)
     params = CostParams(axes, peak, mem_bw, objective, fusion_for(desc.platform))
-    memory = smallest_memory(cl, desc.sizes, desc.device_ids)
-    speeds = mesh_speeds(cl, desc.sizes, desc.device_ids)
+    memory = smallest_memory(cl, sizes, ids)
+    speeds = mesh_speeds(cl, sizes, ids)
     return Target(desc, cl, params, speeds, memory, combiner_for(desc.platform, cl.device.name))
 
 
@@ -85,9 +98,9 @@ def analyze(traced: Traced) -> Analysis:
 
 def user_pins(analysis: Analysis, target: Target, in_specs: Any, args: tuple) -> dict:
     """Node -> the configuration the user's ``in_specs`` force on it."""
-    ng, mesh = analysis.ng, target.mesh
+    ng, mesh = analysis.ng, target.params.mesh
     pins = pins_from_specs(in_specs, args, ng.program)
-    return pinned_configs(ng, pins, mesh.names, mesh.sizes) if pins else {}
+    return pinned_configs(ng, pins, mesh.names, mesh.sizes, mesh.trivial) if pins else {}
 
 
 def memory_budget(requested: float | str | None, target: Target) -> float | None:
@@ -181,11 +194,13 @@ def make_plan(
 
 def _make_plan(fn, args, mesh, cluster, options, in_specs, progress, saved) -> Plan:
     clock = StageClock(progress)
+    mesh = describe_mesh(mesh)
+    check_planning_mesh(mesh)  # before anything slow runs
     if saved is not None:
         check_call(saved, mesh, args)
     with clock.stage("graph"):
         target = target_for(mesh, cluster, options.objective)
-    with clock.stage("trace"):
+    with clock.stage("trace"), tracing_mesh(mesh):
         traced = trace_step(fn, args, options, target)
     clock.done("trace", f"{len(traced.program.eqns)} equations")
     with clock.stage("graph"):
@@ -193,7 +208,7 @@ def _make_plan(fn, args, mesh, cluster, options, in_specs, progress, saved) -> P
     clock.done("graph", f"{len(analysis.ng.nodes)} nodes")
     with clock.stage("cost"):
         pinned = (
-            saved_configs(saved, traced.program, analysis.ng, target.params.mesh.sizes)
+            saved_configs(saved, traced.program, analysis.ng, target.mesh)
             if saved is not None
             else user_pins(analysis, target, in_specs, args)
         )
@@ -322,7 +337,7 @@ def plan_stats(
 def plan(
     fn: Any,
     *args: Any,
-    mesh: Any,
+    mesh: Any = None,
     cluster: Any = None,
     strategy: str = "auto",
     objective: str = DEFAULT_OBJECTIVE,
@@ -335,7 +350,10 @@ def plan(
     """Plan ``fn(*args)`` without running it.
 
     Arguments may be arrays or ShapeDtypeStructs; ``mesh`` a dict ``{"node": 4, "gpu": 4}`` (no
-    devices needed), a jax Mesh or an AbstractMesh; ``cluster`` a `Cluster`, a preset name or
+    devices needed), a jax Mesh (Auto, Explicit or mixed axes) or an AbstractMesh, or None: the
+    mesh set around the call (``jax.set_mesh``, ``jax.sharding.use_abstract_mesh``); a given
+    mesh must agree with the one set. Axes of size 1 are kept in the plan's mesh and planned on
+    by nobody (docs/meshes.md). ``cluster`` a `Cluster`, a preset name or
     None (detected from the mesh's devices). ``strategy``, ``objective``, ``search``: see
     `PlannerOptions` (``options`` gives all of them at once). ``memory_budget``: bytes per
     device the plan must fit ("60GB", a number, "device": the device's memory less a reserve,
@@ -343,6 +361,12 @@ def plan(
     is called as each planning stage finishes.
     """
     opts = merge_options(options, strategy, objective, search, memory_budget)
+    mesh = resolve_mesh(mesh, "jaxpar.plan", need_devices=False)
+    if mesh is None:
+        raise TypeError(
+            "jaxpar.plan needs a mesh: pass mesh= (a dict such as {'data': 2, 'model': 4}, a jax "
+            "Mesh or an AbstractMesh), or call it inside `with jax.set_mesh(mesh):`"
+        )
     return make_plan(fn, args, mesh, cluster, opts, in_specs, progress)
 
 

@@ -69,7 +69,7 @@ class Plan:
     arg_layout = property(lambda self: self.traced.arg_layout)
     mesh = property(lambda self: self.target.mesh.mesh)  # jax Mesh or AbstractMesh
     params = property(lambda self: self.target.params)  # mesh links, device rates, objective
-    mesh_axes = property(lambda self: self.target.params.mesh)
+    mesh_axes = property(lambda self: self.target.params.mesh)  # the planning mesh: axes > 1
     cluster = property(lambda self: self.target.cluster)
     platform = property(lambda self: self.target.mesh.platform)  # cpu/gpu/tpu/abstract
     speeds = property(lambda self: self.target.speeds)
@@ -84,6 +84,12 @@ class Plan:
     tensor_specs = property(lambda self: self.layouts.tensors)
     invar_specs = property(lambda self: self.layouts.invars)
     outvar_specs = property(lambda self: self.layouts.outvars)
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        """The user's mesh, {axis name: size} in mesh order, its size-1 axes included (the
+        planner plans on the others: `mesh_axes`)."""
+        return dict(zip(self.target.mesh.names, self.target.mesh.sizes, strict=True))
 
     @property
     def feedback(self) -> dict[int, int]:

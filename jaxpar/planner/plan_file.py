@@ -15,7 +15,7 @@ only parses and validates data, it cannot run code). Top-level fields, all requi
   equation's primitive, operands, results, literals and simple params, tensor shapes/dtypes, and
   the planning nodes);
 - ``assignment``: per planning node, its configuration (per mesh axis, the iteration dim it
-  splits or -1);
+  splits or -1; -1 on every axis of size 1, which the planner leaves out);
 - ``arguments`` / ``results``: per flat array argument / flat result, ``{path, spec}``, ``spec``
   a list per tensor dim of the mesh-axis names splitting it (what `export_specs` gives);
 - ``predicted``: ``cost`` (`PlanCost` fields, null for NaN), ``objective``, ``optimal``,
@@ -86,6 +86,17 @@ def _spec_names(plan: Plan, spec) -> list[list[str]]:
     return [[plan.mesh_axes.names[a] for a in axes] for axes in spec]
 
 
+def _full_config(plan: Plan, cfg) -> list[int]:
+    """A configuration over the planning mesh's axes as one over every axis of the user's mesh
+    (-1 on the size-1 axes the planner leaves out): the file's ``assignment`` names the mesh
+    the file names."""
+    desc = plan.target.mesh
+    full = [-1] * len(desc.names)
+    for d, a in zip(cfg, desc.planned, strict=True):
+        full[a] = d
+    return full
+
+
 def _number(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
@@ -125,13 +136,13 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
             "batch_argnums": None if opts.batch_argnums is None else list(opts.batch_argnums),
             "pipelined_loops": opts.pipelined_loops,
         },
-        "mesh": {"axes": list(plan.mesh_axes.names), "sizes": list(plan.mesh_axes.sizes)},
+        "mesh": {"axes": list(plan.target.mesh.names), "sizes": list(plan.target.mesh.sizes)},
         "signature": {"treedef": treedef_text(layout.arg_treedef), "leaves": leaves},
         "program": {
             "equations": len(program.eqns), "tensors": len(program.tensors),
             "nodes": len(plan.ng.nodes), "fingerprint": fingerprint(program, plan.ng),
         },
-        "assignment": [list(plan.config(i)) for i in range(len(plan.ng.nodes))],
+        "assignment": [_full_config(plan, plan.config(i)) for i in range(len(plan.ng.nodes))],
         "arguments": [
             {"path": p, "spec": _spec_names(plan, s)}
             for p, s in zip(program.invar_paths, plan.invar_specs, strict=True)

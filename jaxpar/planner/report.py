@@ -231,7 +231,7 @@ def plan_report(plan: Plan) -> str:
         f"{'layer':<{w}}  {'config':<{cw}}  {'spec':<{sw}}  {'t_C ms':>9} {'t_X ms':>9} "
         f"{'t_S ms':>9} {'MB':>9} {'held MB':>9}"
     )
-    mesh = dict(zip(plan.mesh_axes.names, plan.mesh_axes.sizes, strict=True))
+    mesh = plan.mesh_shape
     lines = [
         f"jaxpar plan: strategy={plan.strategy} objective={plan.objective} mesh={mesh} "
         f"cluster={plan.cluster.name} optimal={plan.optimal}",
@@ -392,7 +392,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     return {
         "strategy": plan.strategy,
         "objective": plan.objective,
-        "mesh": dict(zip(plan.mesh_axes.names, plan.mesh_axes.sizes, strict=True)),
+        "mesh": plan.mesh_shape,
         "cluster": plan.cluster.name,
         "optimal": plan.optimal,
         "lower_bound": plan.lower_bound,

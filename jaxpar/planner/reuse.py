@@ -24,7 +24,7 @@ from ..program.graph import Program
 from ..search.candidates import Baselines, Choice
 from ..search.memory_budget import BudgetFit
 from ..search.options import PlannerOptions
-from ..trace.meshes import describe_mesh
+from ..trace.meshes import MeshDescription, describe_mesh
 from ..trace.tracing import is_array_leaf
 from .plan import Plan
 from .plan_file import PlanFile, PlanFileError, fingerprint, load_plan, names_to_pspec, treedef_text
@@ -65,8 +65,12 @@ def check_signature(pf: PlanFile, args: tuple) -> None:
         raise PlanFileError(f"{head}: the argument tree structure differs (node types or keys)")
 
 
-def saved_configs(pf: PlanFile, program: Program, ng: NodeGraph, sizes) -> dict[int, tuple]:
-    """Node -> saved configuration, after checking the program and every configuration."""
+def saved_configs(
+    pf: PlanFile, program: Program, ng: NodeGraph, mesh: MeshDescription
+) -> dict[int, tuple]:
+    """Node -> saved configuration over the planning mesh (the file's, per axis of the user's
+    mesh, without its size-1 axes), after checking the program and every configuration."""
+    sizes = mesh.planning_sizes
     counts = (len(program.eqns), len(program.tensors), len(ng.nodes))
     if counts != pf.counts or fingerprint(program, ng) != pf.fingerprint:
         raise PlanFileError(
@@ -76,7 +80,8 @@ def saved_configs(pf: PlanFile, program: Program, ng: NodeGraph, sizes) -> dict[
             "code, a static argument or the jax version changed; plan it again"
         )
     pinned = {}
-    for node, cfg in zip(ng.nodes, pf.assignment, strict=True):
+    for node, full in zip(ng.nodes, pf.assignment, strict=True):
+        cfg = tuple(full[a] for a in mesh.planned)
         replicated = cfg == (-1,) * len(sizes)
         if not replicated and cfg not in enumerate_configs(
             node.space, sizes, tensor_dims(ng, node)
@@ -111,9 +116,18 @@ def saved_choice(
 def check_layouts(pf: PlanFile, plan: Plan) -> None:
     """`PlanFileError` unless the re-priced plan's argument and result layouts are the file's."""
     mine = PlanFile.from_plan(plan)
+    trivial = set(plan.target.mesh.trivial_names)  # older files may split over size-1 axes
+
+    def planned(specs: tuple) -> tuple:
+        return tuple(
+            (path, tuple(tuple(a for a in axes if a not in trivial) for axes in spec))
+            for path, spec in specs
+        )
+
     for kind, have, saved in (
-        ("arguments", mine.arguments, pf.arguments), ("results", mine.results, pf.results)
-    ):  # fmt: skip
+        ("arguments", mine.arguments, planned(pf.arguments)),
+        ("results", mine.results, planned(pf.results)),
+    ):
         if len(have) != len(saved):
             raise PlanFileError(f"plan file: {len(saved)} {kind}, the program has {len(have)}")
         for i, ((path, spec), (spath, sspec)) in enumerate(zip(have, saved, strict=True)):

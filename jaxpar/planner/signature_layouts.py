@@ -59,9 +59,11 @@ def pins_from_specs(in_specs: Any, args: tuple, program: Program) -> dict[int, P
 
 
 def _pin_config(
-    pspec: PartitionSpec, shape: tuple[int, ...], path: str, names, sizes
+    pspec: PartitionSpec, shape: tuple[int, ...], path: str, names, sizes, trivial=()
 ) -> tuple[int, ...]:
-    """The input node configuration of one pin (mesh axis -> tensor dim)."""
+    """The input node configuration of one pin (mesh axis -> tensor dim) over the planning
+    mesh's axes ``names``; an axis of ``trivial`` (the user's size-1 axes, not planned on)
+    splits nothing, so naming it pins nothing."""
     if len(pspec) > len(shape):
         raise ValueError(
             f"in_specs for argument {path} ({shape_str(shape)}) has {len(pspec)} entries but "
@@ -72,10 +74,12 @@ def _pin_config(
         axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
         deg = 1
         for ax in axes:
+            if ax in trivial:
+                continue
             if ax not in names:
                 raise ValueError(
                     f"in_specs for argument {path} names mesh axis {ax!r}, which does not "
-                    f"exist; the mesh axes are {names}"
+                    f"exist; the mesh axes are {(*names, *trivial)}"
                 )
             a = names.index(ax)
             if cfg[a] != -1:
@@ -92,12 +96,12 @@ def _pin_config(
 
 
 def pinned_configs(
-    ng: NodeGraph, pins: dict[int, PartitionSpec], names, sizes
+    ng: NodeGraph, pins: dict[int, PartitionSpec], names, sizes, trivial=()
 ) -> dict[int, Config]:
     """Input node -> forced configuration from user PartitionSpecs; clear errors when impossible."""
     out: dict[int, Config] = {}
     for tid, pspec in pins.items():
         shape = ng.program.tensors[tid].shape
         path = ng.program.invar_paths[ng.program.invars.index(tid)]
-        out[ng.node_of_tensor[tid]] = _pin_config(pspec, shape, path, names, sizes)
+        out[ng.node_of_tensor[tid]] = _pin_config(pspec, shape, path, names, sizes, trivial)
     return out

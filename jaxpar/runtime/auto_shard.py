@@ -10,6 +10,7 @@ Parameters and optimizer state are pinned by in/out shardings, so gradients real
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -19,7 +20,7 @@ from typing import Any
 
 import jax
 from jax import tree_util
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..nodes.configs import Spec, spec_of
 from ..planner.pipeline import make_plan, merge_options
@@ -27,7 +28,7 @@ from ..planner.plan import Plan
 from ..planner.reuse import as_plan_file, check_mesh
 from ..program.graph import SCAN, Region
 from ..search.options import DEFAULT_OBJECTIVE, PIPELINER_FLAGS, PlannerOptions
-from ..trace.meshes import make_mesh
+from ..trace.meshes import make_mesh, resolve_mesh
 from ..trace.tracing import Signature, is_array_leaf, split_args
 from ..xla.reshard_paths import reshard_path
 
@@ -36,15 +37,19 @@ class _Runner:
     """The interpreter of `run_program`: one environment (tensor id -> value) and one reshard
     cache ((tensor, before, after) -> value) per region body being traced."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, mesh: Any = None):
         self.plan, self.program = plan, plan.program
+        # the mesh the constraints name: the plan's, or inside `jax.sharding.auto_axes` (a mesh
+        # with Explicit axes) the abstract mesh where those axes are Auto
+        self.mesh = plan.mesh if mesh is None else mesh
         self.member_of = {m.eqn: m for node in plan.ng.nodes for m in node.members if m.eqn >= 0}
         self.starts: dict[int, list[Region]] = {}  # first equation -> the regions starting there
         for region in self.program.regions:
             self.starts.setdefault(region.first, []).append(region)
 
     def constrain(self, value: Any, spec: Spec) -> Any:
-        return jax.lax.with_sharding_constraint(value, self.plan.named(spec))
+        sharding = NamedSharding(self.mesh, self.plan.partition_spec(spec))
+        return jax.lax.with_sharding_constraint(value, sharding)
 
     def plain(self, tid: int) -> bool:
         """Whether ``tid`` goes unconstrained: opaque, scalar, empty, or a shard_map's per-device
@@ -178,10 +183,11 @@ class _Runner:
         self.write(env, [program.eqns[i].outputs[0] for i in region.result_eqns], outs)
 
 
-def run_program(plan: Plan, flat_args: list[Any]) -> list[Any]:
-    """Evaluate the flat program with the plan's sharding constraints (traced under jit)."""
+def run_program(plan: Plan, flat_args: list[Any], mesh: Any = None) -> list[Any]:
+    """Evaluate the flat program with the plan's sharding constraints (traced under jit);
+    ``mesh``: the mesh the constraints name (default the plan's)."""
     program = plan.program
-    runner = _Runner(plan)
+    runner = _Runner(plan, mesh)
     env: dict[int, Any] = dict(program.consts)
     produced: dict[tuple[int, Spec, Spec], Any] = {}
     env.update(zip(program.invars, flat_args, strict=True))
@@ -216,7 +222,7 @@ class AutoSharded:
         self.donate_argnums = tuple(donate_argnums)
         self.in_specs = in_specs
         self.given_plan = plan  # a PlanFile to apply (no planning), or None
-        self._cache: dict[Signature, _Compiled] = {}
+        self._cache: dict[tuple[Signature, Any], _Compiled] = {}  # per (signature, mesh)
         self._last: _Compiled | None = None
 
     @property
@@ -227,20 +233,22 @@ class AutoSharded:
         return self._last.plan
 
     def _mesh(self) -> Mesh:
-        if self.mesh is None:
-            self.mesh = make_mesh({"data": len(jax.devices())})
-        return self.mesh
+        """The mesh of this call: the one given, else the one set around the call
+        (``jax.set_mesh``), else a 1-D "data" mesh over all devices (`meshes.resolve_mesh`)."""
+        mesh = resolve_mesh(self.mesh, "auto_shard", need_devices=True)
+        return make_mesh({"data": len(jax.devices())}) if mesh is None else mesh
 
     def _compiled(self, args: tuple) -> _Compiled:
-        sig = Signature.of(args)
-        if sig in self._cache:
-            self._last = self._cache[sig]
+        mesh = self._mesh()
+        key = (Signature.of(args), mesh)
+        if key in self._cache:
+            self._last = self._cache[key]
             return self._last
         if self.given_plan is not None:
             saved = self.given_plan
-            plan = make_plan(self.fn, args, self._mesh(), self.cluster, saved.options, saved=saved)
+            plan = make_plan(self.fn, args, mesh, self.cluster, saved.options, saved=saved)
         else:
-            plan = make_plan(self.fn, args, self._mesh(), self.cluster, self.options, self.in_specs)
+            plan = make_plan(self.fn, args, mesh, self.cluster, self.options, self.in_specs)
         warn_unpipelined(plan)
         from .distributed import check_plan  # mesh over several processes: all planned the same
 
@@ -249,13 +257,13 @@ class AutoSharded:
         out_sh = plan.flat_shardings(plan.program.outvars, plan.outvar_specs)
         flat_donate = self._flat_donate(args)
         jitted = jax.jit(
-            lambda *flat: run_program(plan, list(flat)),
+            step_body(plan, out_sh),
             in_shardings=in_sh,
             out_shardings=out_sh,
             donate_argnums=flat_donate,
         )
         compiled = _Compiled(plan, jitted, plan.arg_layout.out_tree, in_sh)
-        self._cache[sig] = compiled
+        self._cache[key] = compiled
         self._last = compiled
         return compiled
 
@@ -286,21 +294,13 @@ class AutoSharded:
                     f"argument {p} is a ShapeDtypeStruct; calling needs real arrays "
                     "(use jaxpar.plan or .lower for abstract arguments)"
                 )
-        out = []
-        for a, s in zip(arrays, compiled.in_shardings, strict=True):
-            if (
-                isinstance(a, jax.Array)
-                and a.sharding != s
-                and not a.sharding.is_equivalent_to(s, a.ndim)
-            ):
-                a = jax.device_put(a, s)
-            out.append(a)
-        return out
+        return [_placed(a, s) for a, s in zip(arrays, compiled.in_shardings, strict=True)]
 
     def __call__(self, *args: Any) -> Any:
         compiled = self._compiled(args)
         flat = self._flat_inputs(args, compiled)
-        outs = compiled.jitted(*flat)
+        with call_context(compiled.plan):
+            outs = compiled.jitted(*flat)
         return tree_util.tree_unflatten(compiled.rebuild_out, list(outs))
 
     def lower(self, *args: Any) -> jax.stages.Lowered:
@@ -311,7 +311,62 @@ class AutoSharded:
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
             for a, s in zip(arrays, compiled.in_shardings, strict=True)
         ]
-        return compiled.jitted.lower(*abstract)
+        with call_context(compiled.plan):
+            return compiled.jitted.lower(*abstract)
+
+
+def _placed(a: Any, sharding: NamedSharding) -> Any:
+    """Argument ``a`` in the planned ``sharding``: as it is when it already lies so on the same
+    mesh; else moved there. An array on the same devices in the same layout but on a mesh of
+    other axis types (the Explicit mesh `jax.make_mesh` gives, planned on its Auto twin) is
+    relabelled, not copied: the jit needs every input on its one mesh."""
+    if not isinstance(a, jax.Array) or a.sharding == sharding:
+        return a
+    same_mesh = getattr(a.sharding, "mesh", None) == sharding.mesh
+    if same_mesh and a.sharding.is_equivalent_to(sharding, a.ndim):
+        return a
+    return jax.device_put(a, sharding)
+
+
+def step_body(plan: Plan, out_shardings: list[NamedSharding]) -> Any:
+    """The function of flat arrays the jit runs: the program with the plan's constraints.
+
+    On a mesh with Explicit axes (`jax.make_mesh`'s default) JAX accepts sharding constraints
+    over Auto axes only, so the program runs inside `jax.sharding.auto_axes` over those axes,
+    its constraints on the abstract mesh there (every axis Auto), its results given back on
+    the user's mesh in the planned layouts.
+    """
+    explicit = plan.target.mesh.explicit_names
+    if not explicit:
+        return lambda *flat: run_program(plan, list(flat))
+
+    def inside(*flat: Any) -> list[Any]:
+        return run_program(plan, list(flat), jax.sharding.get_abstract_mesh())
+
+    # auto_axes gives results back on the Explicit axes only; the jit's out_shardings lay
+    # them out over the Auto axes of a mixed mesh
+    out = [_over(s, frozenset(explicit)) for s in out_shardings]
+    return jax.sharding.auto_axes(inside, axes=explicit, out_sharding=out)
+
+
+def _over(sharding: NamedSharding, axes: frozenset[str]) -> NamedSharding:
+    """``sharding`` with its spec keeping only the mesh axes ``axes``."""
+    entries = []
+    for entry in sharding.spec:
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        kept = tuple(n for n in names if n in axes)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return NamedSharding(sharding.mesh, PartitionSpec(*entries), memory_kind=sharding.memory_kind)
+
+
+def call_context(plan: Plan) -> Any:
+    """The mesh context a plan's step runs in: the plan's mesh when the caller set another
+    (`jax.set_mesh` of the same devices with other axis types: `meshes.resolve_mesh` refuses
+    any other difference), so JAX reads the shardings on the mesh they name."""
+    ambient = jax.sharding.get_mesh()
+    if ambient.empty or ambient == plan.mesh or not isinstance(plan.mesh, Mesh):
+        return contextlib.nullcontext()
+    return jax.sharding.set_mesh(plan.mesh)
 
 
 def warn_unpipelined(plan: Plan) -> None:
@@ -347,9 +402,12 @@ def auto_shard(
 ) -> Any:
     """Decorate a train step: plan it per input signature and run it sharded on ``mesh``.
 
-    Usable bare (``@jaxpar.auto_shard``: a 1-D "data" mesh over all devices, cluster detected) or
-    with arguments. ``in_specs``: optional pytree prefix of PartitionSpecs pinning argument
-    layouts (None leaves free). ``search``: "elimination" (joint, default) or "kcut" (SoyBean's
+    Usable bare (``@jaxpar.auto_shard``: the mesh set around the call with ``jax.set_mesh``, else
+    a 1-D "data" mesh over all devices; cluster detected) or with arguments. ``mesh``: a jax
+    `Mesh` with Auto, Explicit (`jax.make_mesh`'s default) or mixed axes; a mesh given inside
+    ``jax.set_mesh`` must agree with the one set. Results carry shardings on that mesh.
+    ``in_specs``: optional pytree prefix of PartitionSpecs pinning argument layouts (None
+    leaves free). ``search``: "elimination" (joint, default) or "kcut" (SoyBean's
     one cut per mesh axis, slowest interconnect first); see `PlannerOptions`.
 
     ``plan``: a `Plan`, a loaded plan file (`jaxpar.load_plan`) or a plan file's path: apply it

@@ -130,7 +130,7 @@ def fingerprint(plan: Any, args: tuple) -> Fingerprint:
         else:
             signature.append(f"{key} = {_canon(leaf)}")
 
-    mesh_lines = [f"axes {dict(zip(plan.mesh_axes.names, plan.mesh_axes.sizes, strict=True))}"]
+    mesh_lines = [f"axes {plan.mesh_shape}"]
     if isinstance(plan.mesh, Mesh):
         devices = plan.mesh.devices
         ids = np.vectorize(lambda d: d.id, otypes=[int])(devices)

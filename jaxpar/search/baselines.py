@@ -54,7 +54,7 @@ def _best_on_dim(configs: list[Config], dims: Sequence[int], sizes: Sequence[int
     return _best_on_dim_cached(tuple(configs), tuple(dims), tuple(sizes))
 
 
-@functools.lru_cache(maxsize=4096)  # repeated layers ask the same question thousands of times
+@functools.lru_cache(maxsize=1024)  # repeated layers ask the same question thousands of times
 def _best_on_dim_cached(
     configs: tuple[Config, ...], dims: tuple[int, ...], sizes: tuple[int, ...]
 ) -> int:
@@ -109,7 +109,7 @@ def _index_of(cfgs: list[Config], *wanted: Config) -> int | None:
     return next((index[w] for w in wanted if w in index), None)
 
 
-@functools.lru_cache(maxsize=4096)  # repeated layers have the same configurations
+@functools.lru_cache(maxsize=1024)  # repeated layers have the same configurations
 def _positions(cfgs: tuple[Config, ...]) -> dict[Config, int]:
     return {c: i for i, c in enumerate(cfgs)}
 

@@ -381,7 +381,9 @@ def _unfiltered(ctx: EvalContext) -> tuple[list[list], Problem]:
     ng, params, tables = ctx.ng, ctx.params, ctx.tables
     ext_configs = []
     for node, cfgs in zip(ng.nodes, tables.configs, strict=True):
-        every = node_configs(ng, node, params.mesh.sizes, names=params.mesh.names)
+        every = node_configs(
+            ng, node, params.mesh.sizes, names=params.mesh.names, trivial=params.mesh.trivial
+        )
         ext_configs.append(every if set(cfgs) <= set(every) else cfgs)
     unary = [
         node_tables(ng, node, cfgs, params)[2]

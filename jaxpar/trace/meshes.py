@@ -12,6 +12,7 @@ after that is pure: `jaxpar.hardware.mesh_model`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Any
@@ -79,6 +80,51 @@ class MeshDescription:
     def num_devices(self) -> int:
         return math.prod(self.sizes)
 
+    # ---- the planning mesh: the axes larger than 1 ------------------------------------------
+    # An axis of size 1 splits nothing: a configuration putting it on a dim is the same layout
+    # as one leaving it off. The planner plans on the other axes only (docs/meshes.md), so a
+    # MaxText-style mesh of 12 named axes, ten of them of size 1, plans as fast as its 2-axis
+    # twin; shardings are still built on ``mesh``, the user's, whose spec names are theirs.
+
+    @property
+    def planned(self) -> tuple[int, ...]:
+        """Indices of the axes the planner plans on: those larger than 1 (a mesh of one
+        device keeps its first axis, so there is one)."""
+        return tuple(a for a, s in enumerate(self.sizes) if s > 1) or (0,)
+
+    @property
+    def planning_names(self) -> tuple[str, ...]:
+        return tuple(self.names[a] for a in self.planned)
+
+    @property
+    def planning_sizes(self) -> tuple[int, ...]:
+        return tuple(self.sizes[a] for a in self.planned)
+
+    @property
+    def planning_device_ids(self) -> np.ndarray | None:
+        """`device_ids` without the size-1 axes (the same devices, in the same order)."""
+        if self.device_ids is None:
+            return None
+        return np.asarray(self.device_ids).reshape(self.planning_sizes)
+
+    @property
+    def trivial_names(self) -> tuple[str, ...]:
+        """The axes of size 1 the planner leaves out (a spec may still name them)."""
+        kept = set(self.planned)
+        return tuple(n for a, n in enumerate(self.names) if a not in kept)
+
+    @property
+    def axis_types(self) -> tuple[Any, ...]:
+        return tuple(self.mesh.axis_types)
+
+    @property
+    def explicit_names(self) -> tuple[str, ...]:
+        """The mesh's `AxisType.Explicit` axes (`jax.make_mesh`'s default): the applier runs
+        the planned step inside `jax.sharding.auto_axes` over them."""
+        return tuple(
+            n for n, t in zip(self.names, self.axis_types, strict=True) if t == AxisType.Explicit
+        )
+
 
 def describe_mesh(mesh: Any) -> MeshDescription:
     """Describe a mesh given as a dict {name: size}, a jax `Mesh` or an `AbstractMesh`.
@@ -86,6 +132,8 @@ def describe_mesh(mesh: Any) -> MeshDescription:
     A dict becomes an `AbstractMesh` with `AxisType.Auto` axes (nothing allocated, no devices
     needed). Raises ValueError for an empty dict or bad entries, TypeError for anything else.
     """
+    if isinstance(mesh, MeshDescription):
+        return mesh
     if isinstance(mesh, dict):
         check_axes(mesh)
         names, sizes = tuple(mesh), tuple(mesh.values())
@@ -103,6 +151,102 @@ def describe_mesh(mesh: Any) -> MeshDescription:
         f"mesh must be a dict of axis sizes (e.g. {{'data': 2, 'model': 4}}), a jax Mesh or an "
         f"AbstractMesh, not {type(mesh).__name__}"
     )
+
+
+# Axes larger than 1 the planner plans on at most (docs/meshes.md): the configurations of a
+# node grow as (dims + 1)^axes, its reshard tables as (rank + 1)^axes and the tables between
+# two nodes as the square of the first. Four plan a 2-block GPT in 5 s and 0.6 GB; five took
+# more than 8 GB.
+MAX_PLANNED_AXES = 4
+
+
+def check_planning_mesh(desc: MeshDescription) -> None:
+    """ValueError, before anything is planned, for a mesh the planner cannot plan on: more
+    than `MAX_PLANNED_AXES` axes larger than 1, or Manual axes (inside a shard_map)."""
+    big = {n: s for n, s in zip(desc.names, desc.sizes, strict=True) if s > 1}
+    if len(big) > MAX_PLANNED_AXES:
+        raise ValueError(
+            f"the mesh has {len(big)} axes larger than 1 ({big}); jaxpar plans on at most "
+            f"{MAX_PLANNED_AXES} (axes of size 1 are free: they are left out). Merge axes that "
+            "play the same role into one axis of their product (e.g. two data-parallel axes "
+            "into one), or give size 1 to the axes you do not want split"
+        )
+    manual = [n for n, t in zip(desc.names, desc.axis_types, strict=True) if t == AxisType.Manual]
+    if manual:
+        raise ValueError(
+            f"mesh axes {manual} are Manual (the mesh of a shard_map body); jaxpar plans a whole "
+            "step: give it the mesh outside the shard_map, whose axes are Auto or Explicit"
+        )
+
+
+def auto_twin(mesh: Mesh | AbstractMesh) -> Mesh | AbstractMesh:
+    """The mesh with every axis `AxisType.Auto` (same names, sizes and devices)."""
+    auto = (AxisType.Auto,) * len(mesh.axis_names)
+    if isinstance(mesh, Mesh):
+        return Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+    return AbstractMesh(tuple(mesh.axis_sizes), tuple(mesh.axis_names), axis_types=auto)
+
+
+def ambient_mesh() -> Mesh | AbstractMesh | None:
+    """The mesh the caller set: ``jax.set_mesh``'s (a concrete `Mesh`), else
+    ``jax.sharding.use_abstract_mesh``'s (an `AbstractMesh`), else None."""
+    concrete = jax.sharding.get_mesh()
+    if not concrete.empty:
+        return concrete
+    abstract = jax.sharding.get_abstract_mesh()
+    return None if abstract.empty else abstract
+
+
+def _shape_text(mesh: Any) -> str:
+    desc = describe_mesh(mesh)
+    return str(dict(zip(desc.names, desc.sizes, strict=True)))
+
+
+def resolve_mesh(mesh: Any, caller: str, need_devices: bool) -> Any:
+    """The mesh to plan on: ``mesh`` when given, else the ambient one (`ambient_mesh`); None
+    when neither is (the caller's default applies).
+
+    Never a different mesh than the one the user set: a given mesh must agree with an
+    ambient one (axis names and sizes, and devices when both have them; axis types may differ),
+    else a ValueError says which two differ. ``need_devices`` (``auto_shard`` runs the step):
+    an ambient abstract mesh alone is an error saying how to give devices.
+    """
+    ambient = ambient_mesh()
+    if mesh is None:
+        if ambient is not None and need_devices and not isinstance(ambient, Mesh):
+            raise ValueError(
+                f"{caller} runs on devices, but the mesh set around it is abstract "
+                f"(jax.sharding.use_abstract_mesh: {_shape_text(ambient)}); set a concrete mesh "
+                "with jax.set_mesh(mesh) or pass mesh="
+            )
+        return ambient
+    if ambient is not None and not _agree(describe_mesh(mesh), describe_mesh(ambient)):
+        raise ValueError(
+            f"{caller} was given mesh {_shape_text(mesh)} inside a jax.set_mesh / "
+            f"use_abstract_mesh context whose mesh is {_shape_text(ambient)} (or another set "
+            "of devices); plan on the mesh you set: drop mesh= to use it, or pass that mesh"
+        )
+    return mesh
+
+
+def _agree(given: MeshDescription, ambient: MeshDescription) -> bool:
+    """Same axis names and sizes, and the same devices where both meshes have devices."""
+    if (given.names, given.sizes) != (ambient.names, ambient.sizes):
+        return False
+    if given.device_ids is None or ambient.device_ids is None:
+        return True
+    return bool(np.array_equal(given.device_ids, ambient.device_ids))
+
+
+def tracing_mesh(desc: MeshDescription) -> contextlib.AbstractContextManager:
+    """The mesh context the step is traced in: under an ambient mesh (``jax.set_mesh``), the
+    planned mesh's Auto twin, abstract, so the traced program holds no Explicit shardings
+    (the applier runs it with every axis Auto, `runtime.auto_shard`); none otherwise."""
+    if ambient_mesh() is None:
+        return contextlib.nullcontext()
+    twin = auto_twin(desc.mesh)
+    abstract = twin.abstract_mesh if isinstance(twin, Mesh) else twin
+    return jax.sharding.use_abstract_mesh(abstract)
 
 
 def resolve_cluster(cluster: Cluster | str | None, desc: MeshDescription) -> Cluster:

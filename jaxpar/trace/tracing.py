@@ -528,7 +528,7 @@ def constraint_spec(
     return tuple(out), sizes
 
 
-def tracing_mesh(names: tuple[str, ...], sizes: tuple[int, ...]) -> AbstractMesh:
+def planning_abstract_mesh(names: tuple[str, ...], sizes: tuple[int, ...]) -> AbstractMesh:
     """The mesh a step is traced under: the planning mesh's axes, all `AxisType.Auto`, with no
     devices. Inside it, Flax's logical constraints become real ``sharding_constraint``
     equations (Flax emits none without a mesh in context) and bare-PartitionSpec constraints
@@ -579,7 +579,7 @@ def _without_dead_code(jaxpr: Any) -> Any:
 def trace(fn: Any, args: tuple, mesh: AbstractMesh | None = None) -> tuple[Program, Any]:
     """Trace ``fn(*args)`` to a flat Program; also return the output treedef.
 
-    ``mesh`` (`tracing_mesh`): when the step's Flax logical constraints need a mesh in context
+    ``mesh`` (`planning_abstract_mesh`): when the step's Flax logical constraints need a mesh in context
     and none is set, traced again under it (`_jaxpr_of`). The program records the user's
     sharding constraints and the logical names Flax gives (`flax_names`)."""
     Signature.of(args)  # validates the static leaves

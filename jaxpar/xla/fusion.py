@@ -131,35 +131,8 @@ def recomputed(program: Program, tid: int, rules: FusionRules = ACCELERATOR_FUSI
     reader on every backend; with several only where the backend duplicates producers
     (`FusionRules.duplicate_producers`), else it is written once."""
     index = program_index(program)
-    key = (tid, rules.duplicate_producers, rules.row_reductions)
-    hit = index.recomputed.get(key)
-    if hit is None:
-        hit = index.recomputed[key] = _recomputed(program, index, tid, rules)
-    return hit
-
-
-def _recomputed(program: Program, index: _ProgramIndex, tid: int, rules: FusionRules) -> bool:
-    eqn = index.producer.get(tid)
-    if eqn is None or tid in index.results:
-        return False
-    if eqn.primitive in ALIASES or _folded_into_dot(index, eqn):
-        return True
-    readers = set(index.readers.get(tid, ()))
-    producer = eqn.primitive in RECOMPUTED_PRODUCERS or (
-        rules.row_reductions and _row_reduction(program, eqn)
-    )
-    if not producer or not readers:
-        return False
-    if len(readers) > 1 and not rules.duplicate_producers:
-        return False
-    if not all(_fuses(program, r) for r in readers):
-        return False
-    if len(readers) == 1:
-        return True
-    # duplicated into several readers: only where recomputing reads no more than writing it
-    # once and reading it in each reader would (XLA:GPU's priority fusion weighs the same)
-    again = sum(program.tensors[s].nbytes for s in _computed_from(program, tid, rules))
-    return len(readers) * again <= (1 + len(readers)) * program.tensors[tid].nbytes
+    hit = index.recomputed.get((tid, rules.duplicate_producers, rules.row_reductions))
+    return _evaluate(program, index, rules, (_RECOMPUTED, tid)) if hit is None else hit
 
 
 def _row_reduction(program: Program, eqn: Equation) -> bool:
@@ -198,13 +171,7 @@ def _fuses(program: Program, reader: int) -> bool:
     producers (`FUSING_READERS`); a reshape fuses when every reader of its result does."""
     index = program_index(program)
     hit = index.fusing.get(reader)
-    if hit is None:
-        eqn = program.eqns[reader]
-        hit = eqn.primitive in FUSING_READERS
-        if hit and eqn.primitive in ALIASES:
-            hit = all(_fuses(program, r) for t in eqn.outputs for r in index.readers.get(t, ()))
-        index.fusing[reader] = hit
-    return hit
+    return _evaluate(program, index, ACCELERATOR_FUSION, (_FUSES, reader)) if hit is None else hit
 
 
 def read_sources(
@@ -214,14 +181,13 @@ def read_sources(
     for a loop fusion (``fusing``) reading a `recomputed` tensor, the sources of its
     producer's operands; else ``tid`` itself."""
     index = program_index(program)
-    eqn = index.producer.get(tid)
-    if eqn is None or not recomputed(program, tid, rules):
-        return (tid,)
-    if eqn.primitive in ALIASES or _folded_into_dot(index, eqn):
-        return read_sources(program, eqn.inputs[0], fusing, rules)
-    if not fusing:
-        return (tid,)
-    return _computed_from(program, tid, rules)
+    while True:  # along a chain of aliases (a loop: chains are as long as programs)
+        eqn = index.producer.get(tid)
+        if eqn is None or not recomputed(program, tid, rules):
+            return (tid,)
+        if not (eqn.primitive in ALIASES or _folded_into_dot(index, eqn)):
+            return _computed_from(program, tid, rules) if fusing else (tid,)
+        tid = eqn.inputs[0]
 
 
 def whole_sources(program: Program, tid: int, rules: FusionRules) -> frozenset[int]:
@@ -229,33 +195,147 @@ def whole_sources(program: Program, tid: int, rules: FusionRules) -> frozenset[i
     reaches through a recomputed row reduction (`FusionRules.row_reductions`), which reads
     every element of its rows however small its result."""
     index = program_index(program)
-    key = (tid, rules.duplicate_producers, rules.row_reductions)
-    hit = index.whole.get(key)
-    if hit is None:
-        eqn = index.producer.get(tid)
-        hit = frozenset()
-        if eqn is not None and rules.row_reductions and recomputed(program, tid, rules):
-            if eqn.primitive in REDUCTIONS:
-                hit = frozenset(_computed_from(program, tid, rules))
-            else:
-                hit = frozenset().union(
-                    *(whole_sources(program, t, rules) for t in eqn.inputs if t is not None)
-                )
-        index.whole[key] = hit
-    return hit
+    hit = index.whole.get((tid, rules.duplicate_producers, rules.row_reductions))
+    return _evaluate(program, index, rules, (_WHOLE, tid)) if hit is None else hit
 
 
 def _computed_from(program: Program, tid: int, rules: FusionRules) -> tuple[int, ...]:
     """What a loop fusion recomputing ``tid`` reads from memory: the sources (`read_sources`) of
     its producer's operands (memo: `_recomputed` weighs them before `read_sources` uses them)."""
     index = program_index(program)
-    key = (tid, rules.duplicate_producers, rules.row_reductions)
-    hit = index.sources.get(key)
-    if hit is None:
-        ops = [t for t in index.producer[tid].inputs if t is not None]
-        hit = tuple(dict.fromkeys(s for t in ops for s in read_sources(program, t, True, rules)))
-        index.sources[key] = hit
-    return hit
+    hit = index.sources.get((tid, rules.duplicate_producers, rules.row_reductions))
+    return _evaluate(program, index, rules, (_COMPUTED_FROM, tid)) if hit is None else hit
+
+
+# ---- the walks, without recursion --------------------------------------------------------------
+# `recomputed`, `_computed_from`, `whole_sources` and `_fuses` are memoized functions of each
+# other along producer chains (and `_fuses` along chains of aliases' readers), as deep as the
+# program is long: an unrolled decoder with remat nests two levels per layer, a chain of
+# elementwise operations under `jax.grad` one per operation. `_evaluate` computes them on an
+# explicit stack: each step (`_STEPS`) reads the memos of what it depends on, and lists what is
+# missing in ``need``; the missing are computed first, then the step is run again.
+
+_RECOMPUTED, _COMPUTED_FROM, _WHOLE, _FUSES = range(4)
+
+
+def _memo(index: _ProgramIndex, kind: int) -> dict:
+    return (index.recomputed, index.sources, index.whole, index.fusing)[kind]
+
+
+def _evaluate(program: Program, index: _ProgramIndex, rules: FusionRules, goal: tuple) -> object:
+    """The value of ``goal`` (a (kind, tensor or equation) pair), with every value it depends
+    on computed and memoized first, depth first on a list."""
+    rule_key = (rules.duplicate_producers, rules.row_reductions)
+    stack = [goal]
+    while stack:
+        kind, x = stack[-1]
+        memo = _memo(index, kind)
+        key = x if kind == _FUSES else (x, *rule_key)
+        if key in memo:
+            stack.pop()
+            continue
+        need: list[tuple[int, int]] = []
+        value = _STEPS[kind](program, index, rules, x, need)
+        if need:
+            stack.extend(need)
+        else:
+            memo[key] = value
+            stack.pop()
+    kind, x = goal
+    return _memo(index, kind)[x if kind == _FUSES else (x, *rule_key)]
+
+
+def _known(index: _ProgramIndex, rules: FusionRules, kind: int, x: int, need: list) -> object:
+    """The memoized value of (kind, x), or None after adding it to ``need``."""
+    key = x if kind == _FUSES else (x, rules.duplicate_producers, rules.row_reductions)
+    value = _memo(index, kind).get(key)
+    if value is None:
+        need.append((kind, x))
+    return value
+
+
+def _fuses_step(program: Program, index: _ProgramIndex, rules, reader: int, need: list):
+    eqn = program.eqns[reader]
+    if eqn.primitive not in FUSING_READERS:
+        return False
+    if eqn.primitive not in ALIASES:
+        return True
+    found = [
+        _known(index, rules, _FUSES, r, need) for t in eqn.outputs for r in index.readers.get(t, ())
+    ]
+    return None if need else all(found)
+
+
+def _recomputed_step(program: Program, index: _ProgramIndex, rules, tid: int, need: list):
+    eqn = index.producer.get(tid)
+    if eqn is None or tid in index.results:
+        return False
+    if eqn.primitive in ALIASES or _folded_into_dot(index, eqn):
+        return True
+    readers = set(index.readers.get(tid, ()))
+    producer = eqn.primitive in RECOMPUTED_PRODUCERS or (
+        rules.row_reductions and _row_reduction(program, eqn)
+    )
+    if not producer or not readers:
+        return False
+    if len(readers) > 1 and not rules.duplicate_producers:
+        return False
+    fusing = [_known(index, rules, _FUSES, r, need) for r in sorted(readers)]
+    if need:
+        return None
+    if not all(fusing):
+        return False
+    if len(readers) == 1:
+        return True
+    # duplicated into several readers: only where recomputing reads no more than writing it
+    # once and reading it in each reader would (XLA:GPU's priority fusion weighs the same)
+    sources = _known(index, rules, _COMPUTED_FROM, tid, need)
+    if sources is None:
+        return None
+    again = sum(program.tensors[s].nbytes for s in sources)
+    return len(readers) * again <= (1 + len(readers)) * program.tensors[tid].nbytes
+
+
+def _sources_known(index: _ProgramIndex, rules, tid: int, need: list) -> tuple[int, ...] | None:
+    """`read_sources` (fusing) of ``tid`` from the memos, or None with what is missing added
+    to ``need``."""
+    while True:
+        eqn = index.producer.get(tid)
+        if eqn is None:
+            return (tid,)
+        again = _known(index, rules, _RECOMPUTED, tid, need)
+        if again is None:
+            return None
+        if not again:
+            return (tid,)
+        if not (eqn.primitive in ALIASES or _folded_into_dot(index, eqn)):
+            return _known(index, rules, _COMPUTED_FROM, tid, need)
+        tid = eqn.inputs[0]
+
+
+def _computed_from_step(program: Program, index: _ProgramIndex, rules, tid: int, need: list):
+    ops = [t for t in index.producer[tid].inputs if t is not None]
+    found = [_sources_known(index, rules, t, need) for t in ops]
+    if need:
+        return None
+    return tuple(dict.fromkeys(s for sources in found for s in sources))
+
+
+def _whole_step(program: Program, index: _ProgramIndex, rules, tid: int, need: list):
+    eqn = index.producer.get(tid)
+    if eqn is None or not rules.row_reductions:
+        return frozenset()
+    again = _known(index, rules, _RECOMPUTED, tid, need)
+    if not again:  # not recomputed, or not known yet (then ``need`` says so)
+        return frozenset()
+    if eqn.primitive in REDUCTIONS:
+        sources = _known(index, rules, _COMPUTED_FROM, tid, need)
+        return None if sources is None else frozenset(sources)
+    found = [_known(index, rules, _WHOLE, t, need) for t in eqn.inputs if t is not None]
+    return None if need else frozenset().union(*found)
+
+
+_STEPS = (_recomputed_step, _computed_from_step, _whole_step, _fuses_step)
 
 
 def shared_reads(
