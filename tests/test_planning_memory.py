@@ -1,5 +1,6 @@
 """Bounded planning memory (issue 47): what planning caches across plans is bounded, and a
-plan dropped leaves nothing of itself behind. The peaks at scale: bench/memory/planning_memory.py."""
+plan dropped leaves nothing of itself behind. The peaks at scale:
+bench/memory/planning_memory.py."""
 
 from __future__ import annotations
 

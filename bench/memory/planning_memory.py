@@ -22,8 +22,7 @@ memory levels off rather than growing plan after plan.
 
 The MaxText-style model of issue 47 is built in another branch; it is not planned here.
 
-    python bench/memory/planning_memory.py                  # every case; writes bench/memory/results/
-                                                       # planning_memory.{json,md}
+    python bench/memory/planning_memory.py   # every case; writes results/planning_memory.*
     python bench/memory/planning_memory.py --cases llama3_8b/64/scanned --no-write
 """
 

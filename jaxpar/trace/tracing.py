@@ -579,8 +579,8 @@ def _without_dead_code(jaxpr: Any) -> Any:
 def trace(fn: Any, args: tuple, mesh: AbstractMesh | None = None) -> tuple[Program, Any]:
     """Trace ``fn(*args)`` to a flat Program; also return the output treedef.
 
-    ``mesh`` (`planning_abstract_mesh`): when the step's Flax logical constraints need a mesh in context
-    and none is set, traced again under it (`_jaxpr_of`). The program records the user's
+    ``mesh`` (`planning_abstract_mesh`): when the step's Flax logical constraints need a mesh
+    in context and none is set, traced again under it (`_jaxpr_of`). The program records the user's
     sharding constraints and the logical names Flax gives (`flax_names`)."""
     Signature.of(args)  # validates the static leaves
     arrays, paths, rebuild = split_args(args)
