@@ -232,7 +232,7 @@ BAD_PLAN_INPUT = [
     (["lenet5", "--mesh", "a=\u0664"], ["digits 0-9"]),  # ARABIC-INDIC DIGIT FOUR
     (["lenet5", "--mesh", "my axis=4"], ["'my axis'", "is not a name"]),
     (["lenet5", "--mesh", "a=2,a=2"], ["appears twice"]),
-    (["lenet5", "--mesh", "a=2,b=2,c=2,d=2,e=1"], ["5 axes", "at most 4"]),
+    (["lenet5", "--mesh", "a=2,b=2,c=2,d=2,e=2,f=1"], ["5 axes larger than 1", "at most 4"]),
     (["lenet5", "--mesh", "a=1000000000"], ["1,000,000,000 devices", "at most 1,048,576"]),
     (["lenet5", "--mesh", "a=2048,b=1024"], ["2,097,152 devices"]),
     # batch

@@ -102,7 +102,8 @@ MAX_DEVICES = 1 << 20
 def parse_mesh(text: str) -> dict[str, int]:
     """``"node=4,gpu=4"`` -> ``{"node": 4, "gpu": 4}``, with errors that show the expected form.
 
-    Axis names are identifiers, sizes ASCII digits >= 1; at most `MAX_MESH_AXES` axes and
+    Axis names are identifiers, sizes ASCII digits >= 1; at most `MAX_MESH_AXES` axes larger
+    than 1 (axes of size 1 cost nothing: MaxText's 12-axis meshes) and
     `MAX_DEVICES` devices.
     """
     mesh: dict[str, int] = {}
@@ -132,12 +133,13 @@ def parse_mesh(text: str) -> dict[str, int]:
         if name in mesh:
             raise ValueError(f"mesh axis {name!r} appears twice in --mesh {text!r}")
         mesh[name] = int(size)
-    if len(mesh) > MAX_MESH_AXES:
+    split = [name for name, size in mesh.items() if size > 1]
+    if len(split) > MAX_MESH_AXES:
         raise ValueError(
-            f"mesh {text!r} has {len(mesh)} axes; jaxpar plan takes at most {MAX_MESH_AXES}: "
-            f"every axis multiplies each operation's configurations, and pricing them takes "
-            f"too long. Merge axes that cross the same link, e.g. node=2,gpu=8 for 2 nodes of "
-            f"8 GPUs (an axis of size 1 splits nothing: leave it out)"
+            f"mesh {text!r} has {len(split)} axes larger than 1; jaxpar plan takes at most "
+            f"{MAX_MESH_AXES}: every such axis multiplies each operation's configurations, and "
+            f"pricing them takes too long. Merge axes that cross the same link, e.g. "
+            f"node=2,gpu=8 for 2 nodes of 8 GPUs (axes of size 1 cost nothing)"
         )
     devices = math.prod(mesh.values())
     if devices > MAX_DEVICES:

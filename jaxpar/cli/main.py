@@ -488,7 +488,10 @@ def _add_plan(sub: Any) -> None:
         required=True,
         type=arg_type(parse_mesh, "mesh"),
         metavar="NAME=SIZE,...",
-        help=f"mesh axes, outermost first, e.g. node=4,gpu=4 (at most {MAX_MESH_AXES} axes)",
+        help=(
+            f"mesh axes, outermost first, e.g. node=4,gpu=4 (at most {MAX_MESH_AXES} axes "
+            "larger than 1)"
+        ),
     )
     p_plan.add_argument(
         "--cluster",
