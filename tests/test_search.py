@@ -195,3 +195,23 @@ def test_graph_eliminates_decides_as_the_priced_problem(seed):
         for enum in (1, 50):
             want = eliminates(reduced, table, enum)[0]
             assert graph_eliminates(tied_sizes, tied_pairs, table, enum) == want
+
+
+
+@pytest.mark.oracle
+def test_table_sizes_do_not_depend_on_set_order():
+    """The log table size elimination orders nodes by is summed exactly: the graph-only
+    decision (`eliminates`) walks copies of the adjacency sets, which yield their members in
+    another order than the originals, and a plain float sum then broke ties another way (a
+    MaxText-style 8B's k-cut was said to eliminate, then left 15 nodes)."""
+    from jaxpar.solver.elimination import _table_log
+
+    rng = np.random.default_rng(3)
+    logs = dict(enumerate(np.log(rng.choice([2, 3, 4, 6, 12], 40)).tolist()))
+    for _ in range(200):
+        near = [int(u) for u in rng.choice(np.arange(1, 40), 12, replace=False)]
+        values = {_table_log(logs, 0, set(near[k:] + near[:k])) for k in range(len(near))}
+        values |= {_table_log(logs, 0, set(reversed(near)))}
+        assert len(values) == 1
+        plain = {logs[0] + sum(logs[u] for u in near[k:] + near[:k]) for k in range(len(near))}
+        assert min(values) == pytest.approx(min(plain), rel=1e-15)

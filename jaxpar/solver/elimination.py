@@ -110,7 +110,7 @@ class _Eliminator:
     def table_log(self, v: int) -> float:
         """log of the size of the table eliminating ``v`` would create."""
         logs = self.log_sizes
-        return logs[v] + sum(logs[u] for u in self.adj[v])
+        return _table_log(logs, v, self.adj[v])
 
     def run(self, table_budget: float) -> None:
         """Eliminate while the cheapest next table fits the budget."""
@@ -188,13 +188,21 @@ class _Eliminator:
             assign[v] = int(arg[tuple(assign[u] for u in rest)]) if rest else int(arg)
 
 
+def _table_log(logs: dict[int, float], v: int, near: set[int]) -> float:
+    """log of the table eliminating ``v`` makes, log|C_v| + Σ_{u ∈ N(v)} log|C_u|, summed
+    exactly (`math.fsum`): a plain sum depends on the order a set yields its members, and the
+    graph-only decision (`_fits`) must choose the order the elimination itself (`run`) does, or
+    a problem it says eliminates can leave a residual (MaxText-style 8B's k-cut did)."""
+    return math.fsum([logs[v], *(logs[u] for u in near)])
+
+
 def _fits(
     adj: dict[int, set[int]], logs: dict[int, float], table_budget: float, enum_budget: float
 ) -> bool:
     """`_Eliminator.fits` on the graph ``adj`` (node -> neighbours; consumed: what remains is
     the residual) with ``logs[v]`` = log of v's configurations."""
     log_budget = math.log(table_budget)
-    size_log = lambda v: logs[v] + sum(logs[u] for u in adj[v])
+    size_log = lambda v: _table_log(logs, v, adj[v])
     version = dict.fromkeys(adj, 0)
     heap = [(size_log(v), len(adj[v]), v, 0) for v in adj]
     heapq.heapify(heap)
