@@ -20,7 +20,6 @@ and records the resident memory (``/proc/self/statm``, not the peak) after each 
 full garbage collection: the caches planning keeps across plans are bounded, so the resident
 memory levels off rather than growing plan after plan.
 
-The MaxText-style model of issue 47 is built in another branch; it is not planned here.
 
     python bench/memory/planning_memory.py   # every case; writes results/planning_memory.*
     python bench/memory/planning_memory.py --cases llama3_8b/64/scanned --no-write
@@ -58,6 +57,8 @@ CASES = {
     "llama3_8b/64/scanned/12-axis": ("llama3_8b", maxtext_mesh(data=8, fsdp=8), True, 2 * GB),
     "llama3_8b/64/unrolled/12-axis": ("llama3_8b", maxtext_mesh(data=8, fsdp=8), False, 2 * GB),
     "llama3_70b/1024/unrolled": ("llama3_70b", {"node": 128, "gpu": 8}, False, 4 * GB),
+    "maxtext_8b/64/12-axis": ("maxtext_8b", maxtext_mesh(data=8, fsdp=8), True, 2 * GB),
+    "maxtext_8b/256/12-axis": ("maxtext_8b", maxtext_mesh(data=32, fsdp=8), True, 2 * GB),
 }
 
 
@@ -72,9 +73,14 @@ def peak_bytes(who: int = resource.RUSAGE_SELF) -> int:
 
 
 def build(name: str):
+    """The case's step (bf16 compute, remat; the MaxText-style model scans its remat layers
+    under its own logical constraints, MaxText's default rules) and its mesh."""
+    import models
     from models.llama import llama_config, llama_example
 
     model, mesh, scanned, _ = CASES[name]
+    if model.startswith("maxtext"):
+        return models.get(model), mesh
     ex = llama_example(model, llama_config(model, remat=True, scan_layers=scanned))
     return ex, mesh
 
@@ -138,8 +144,9 @@ nodes, inner inside one): the same devices and links, so the same plan, time and
 of memory enumerating (k+1)^12 configurations per node, `issues show 47`). Before the per-run
 cache fix, the repeated plans of scanned llama3_8b grew the resident memory by 6-8 MB each
 (0.311, 0.318, 0.324, 0.332, 0.339 GB after plans 1-5): a method's lru_cache held every run's
-reshard tables, nodes and program. The MaxText-style model of issue 47 is built in another
-branch and is not planned here.
+reshard tables, nodes and program. The MaxText-style model (`models/maxtext.py`, its default
+size and batch: 32 scanned remat layers, hint mode, so planned twice: free and with MaxText's
+rules kept) plans on its 12-axis mesh.
 """
 
 
