@@ -39,8 +39,8 @@ transformers with AdamW.  Default full batches: 64 images for the ImageNet CNNs 
 8 x 1024 tokens for the GPTs, 8 x 4096 for the Llamas.  ``EXTRA`` are small models kept for the
 test suite (``cnn``, ``mlp``, ``gpt_small``, ``nnx_mlp``); ``LARGE_EXTRA`` holds the Llama test
 model ``llama_small`` (tested in tests/test_llama.py, not by the suites over ``EXTRA``).  The
-remat variant and batch/context overrides of a Llama: ``models.llama.llama_example(name,
-models.llama.llama_config(name, remat=True, batch=256, seq_len=4096))``.  ``config["params"]``
+remat variant and batch/context overrides of a Llama: ``jaxpar_zoo.llama.llama_example(name,
+jaxpar_zoo.llama.llama_config(name, remat=True, batch=256, seq_len=4096))``.  ``config["params"]``
 of every example is its number of trainable parameters.
 
 ``MAXTEXT`` are MaxText-style decoders (``models/maxtext.py``, written from MaxText's structure:
@@ -70,9 +70,9 @@ mlp_scan_lax        residual MLP, 16 x d1024, one hand-written ``lax.scan``  17.
 mlp_grad_accum      ``mlp`` (784-512-512-10), 8 micro-batches (fori_loop)    0.67M
 ==================  =======================================================  ==========
 
-Their layer count and batch: ``models.scanned.scanned_example(name,
-models.scanned.scanned_config(name, layers=64, batch=8))``.  A scanned Llama:
-``models.llama.llama_example(name, models.llama.llama_config(name, scan_layers=True))``.
+Their layer count and batch: ``jaxpar_zoo.scanned.scanned_example(name,
+jaxpar_zoo.scanned.scanned_config(name, layers=64, batch=8))``.  A scanned Llama:
+``jaxpar_zoo.llama.llama_example(name, jaxpar_zoo.llama.llama_config(name, scan_layers=True))``.
 
 ``models/kernels.py`` holds hand-written kernels as production JAX writes them, not registered
 as examples: ``megatron_mlp_step(mesh)``, a custom VJP whose forward and backward are
@@ -81,8 +81,8 @@ shard_maps manual over ``model`` (MaxText's pattern), used by the shard_map test
 
 Usage::
 
-    import models
-    ex = models.get("gpt_small", small=True)
+    import jaxpar_zoo
+    ex = jaxpar_zoo.get("gpt_small", small=True)
     state_spec, batch_spec = ex.args          # jax.ShapeDtypeStruct pytrees, nothing allocated
     state, batch = ex.make_args(seed=0)       # concrete arrays, deterministic per seed
     new_state, metrics = jax.jit(ex.step)(state, batch)
@@ -94,7 +94,7 @@ Adding a model: write a builder ``(batch, small, dtype) -> Example`` decorated w
 from __future__ import annotations
 
 # Family modules register their builders on import.
-from models import (  # noqa: F401
+from . import (  # noqa: F401
     cnn,
     convnets,
     inception,
@@ -105,7 +105,7 @@ from models import (  # noqa: F401
     scanned,
     transformer,
 )
-from models._train import Example, get, register, registered_names
+from ._train import Example, get, register, registered_names
 
 # The paper models, in the order the benchmarks report them.
 NAMES: tuple[str, ...] = (

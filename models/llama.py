@@ -44,9 +44,9 @@ query, key and value projections, by their checkpoint names) or ``"qkv_proj_offl
 ``key_proj``, ``value_proj``, ``out_proj``, ``mlpwi_0``, ``mlpwi_1``, ``mlpwo``).
 
 ``cfg["scan_layers"] = True`` (``llama_config(name, scan_layers=True)``) stacks the blocks with
-``nn.scan`` (``models.scanned.scan_blocks``): one ``params["blocks"]`` subtree whose parameters
+``nn.scan`` (``jaxpar_zoo.scanned.scan_blocks``): one ``params["blocks"]`` subtree whose parameters
 have a leading layer axis, the same parameters as the unrolled ``block0`` ... stacked
-(``models.scanned.stack_layers``).  With ``remat`` too, the block is rematerialized inside the
+(``jaxpar_zoo.scanned.stack_layers``).  With ``remat`` too, the block is rematerialized inside the
 scan (``nn.scan(nn.remat(LlamaBlock))``, as MaxText does).
 
 Full-size batches are 8 sequences of 4096 tokens; ``llama_config(..., batch=, seq_len=)``
@@ -66,7 +66,7 @@ import numpy as np
 import optax
 from jax.ad_checkpoint import checkpoint_name
 
-from models._train import (
+from ._train import (
     Example,
     build_example,
     linen_init_state,
@@ -74,7 +74,7 @@ from models._train import (
     register,
     token_batch_spec,
 )
-from models.scanned import scan_blocks
+from .scanned import scan_blocks
 
 
 def param_dtype_for(dtype: Any) -> jnp.dtype:

@@ -45,8 +45,8 @@ import optax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import AxisType, Mesh
 
-from models._train import Example, build_example, cross_entropy, register, token_batch_spec
-from models.llama import REMAT_POLICIES, apply_rope, param_dtype_for
+from ._train import Example, build_example, cross_entropy, register, token_batch_spec
+from .llama import REMAT_POLICIES, apply_rope, param_dtype_for
 
 # ---- MaxText's configuration data (configs/base.yml at 336fb381d) -------------------------
 
@@ -229,7 +229,7 @@ class MaxTextConfig:
     normalization_layer_epsilon: float = 1e-5
     rope_max_timescale: float = 500_000.0
     scan_layers: bool = True
-    remat_policy: str = "full"  # a key of models.llama.REMAT_POLICIES
+    remat_policy: str = "full"  # a key of jaxpar_zoo.llama.REMAT_POLICIES
     param_scan_axis: int = 1
     batch: int = 8
     seq_len: int = 4096

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from models._train import (
+from ._train import (
     Batch,
     Example,
     PyTree,

@@ -24,7 +24,7 @@ throughout.
 
 Layer-count and batch overrides, abstract (nothing allocated)::
 
-    from models.scanned import scanned_config, scanned_example
+    from .scanned import scanned_config, scanned_example
     ex4 = scanned_example("gpt_scan_linen", scanned_config("gpt_scan_linen", layers=4))
     ex64 = scanned_example("gpt_scan_linen", scanned_config("gpt_scan_linen", layers=64))
     state_spec, batch_spec = ex64.args
@@ -45,7 +45,7 @@ import optax
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from models._train import (
+from ._train import (
     Batch,
     Example,
     PyTree,
@@ -58,8 +58,8 @@ from models._train import (
     register,
     token_batch_spec,
 )
-from models.mlp import MLP
-from models.nnx_models import lm_loss, nnx_example
+from .mlp import MLP
+from .nnx_models import lm_loss, nnx_example
 
 # --------------------------------------------------------------------------------------------
 # Layer stacking helpers

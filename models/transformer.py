@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from models._train import (
+from ._train import (
     Example,
     build_example,
     classification_batch_spec,

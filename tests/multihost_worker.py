@@ -54,18 +54,18 @@ def main() -> None:
             initialization_timeout=60,
         )
 
+    import jaxpar_zoo as zoo
     import numpy as np
     from jax.experimental import multihost_utils
 
     import jaxpar
-    import models
     from jaxpar.runtime import distributed
 
     result: dict = {"process": me, "process_count": jax.process_count()}
     t0 = time.monotonic()
     mesh = jaxpar.make_mesh({"data": 2, "model": 4})
     result["mesh_processes"] = [[d.process_index for d in row] for row in mesh.devices]
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     state, batch0 = ex.make_args(0)
     _, batch1 = ex.make_args(1)
 

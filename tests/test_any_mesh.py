@@ -10,17 +10,17 @@ import math
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 from helpers import assert_equivalent, assert_fidelity
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+from jaxpar_zoo.llama import llama_config, llama_example
 
 import jaxpar
-import models
 from jaxpar.nodes.configs import _divides, _valid_configs, enumerate_configs
 from jaxpar.rules.table import OpSpace
 from jaxpar.trace.meshes import MAX_PLANNED_AXES
-from models.llama import llama_config, llama_example
 
 # MaxText's mesh (MaxText/configs/base.yml, mesh_axes): every axis named, most of size 1
 MAXTEXT_AXES = (
@@ -49,7 +49,7 @@ def test_size_one_axes_plan_as_the_mesh_without_them(model, sizes):
     """MaxText's 12-axis mesh plans the plan of the mesh of its axes larger than 1 (same
     assignment, cost, specs, configurations), and still shows all 12 axes: plan.mesh, the
     report, the plan file (whose assignment names every axis)."""
-    ex = models.get(model, small=True)
+    ex = zoo.get(model, small=True)
     full = jaxpar.plan(ex.step, *ex.args, mesh=maxtext_mesh(**sizes), cluster="dgx-h100")
     small = jaxpar.plan(ex.step, *ex.args, mesh=sizes, cluster="dgx-h100")
     assert full.assignment == small.assignment and full.cost == small.cost
@@ -66,7 +66,7 @@ def test_size_one_axes_plan_as_the_mesh_without_them(model, sizes):
 
 @pytest.mark.api
 def test_plan_files_name_the_whole_mesh(tmp_path):
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh=maxtext_mesh(data=2, fsdp=4), cluster="cpu")
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -80,7 +80,7 @@ def test_plan_files_name_the_whole_mesh(tmp_path):
 def float64_example(model: str):
     if model == "llama_small":
         return llama_example("llama_small", llama_config("llama_small"), jnp.float64)
-    return models.get(model, small=True, dtype=jnp.float64)
+    return zoo.get(model, small=True, dtype=jnp.float64)
 
 
 @pytest.mark.numerics
@@ -109,7 +109,7 @@ def test_twelve_axis_mesh_runs_like_the_unsharded_step_in_float64(model, rtol):
 @pytest.mark.api
 def test_in_specs_may_name_size_one_axes():
     """A pin over a size-1 axis splits nothing: accepted, and the plan is the one without it."""
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     pins = jax.tree.map(lambda _: None, ex.args[0])
     pins = (pins, {"x": PartitionSpec(("data", "expert")), "y": None})
     plan = jaxpar.plan(
@@ -169,7 +169,7 @@ def test_configurations_are_enumerated_axis_by_axis():
 def mlp64():
     """The small MLP in float64, its arguments and its unsharded step's result."""
     with jax.enable_x64(True):
-        ex = models.get("mlp", small=True, dtype=jnp.float64)
+        ex = zoo.get("mlp", small=True, dtype=jnp.float64)
         args = ex.make_args(0)
         return ex, args, jax.jit(ex.step)(*args)
 
@@ -264,7 +264,7 @@ def test_arguments_placed_on_an_explicit_mesh(mlp64):
 
 @pytest.mark.api
 def test_plan_without_mesh_uses_the_mesh_set():
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     with jax.set_mesh(mesh):
         plan = jaxpar.plan(ex.step, *ex.args, cluster="cpu")

@@ -4,6 +4,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import optax
 import pytest
 from flax import linen as nn
@@ -11,14 +12,13 @@ from flax.training import train_state
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxpar
-import models
 from jaxpar.program.graph import phase_of
 from jaxpar.solver.problem import assignment_cost, brute_force
 
 
 @pytest.mark.api
 def test_abstract_plan_needs_no_devices():
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 4, "gpu": 4}, cluster="p100")
     assert plan.cluster.num_devices == 16  # 4 nodes of 4 P100
     assert plan.mesh_axes.link_names == ("infiniband", "nvlink")
@@ -40,7 +40,7 @@ def test_abstract_plan_needs_no_devices():
 
 @pytest.mark.api
 def test_strategies_and_objectives_are_costed_by_one_model():
-    ex = models.get("lenet5", small=True)
+    ex = zoo.get("lenet5", small=True)
     plans = {
         s: jaxpar.plan(ex.step, *ex.args, mesh={"data": 2, "model": 4}, strategy=s)
         for s in ("auto", "data", "model", "owt")
@@ -52,7 +52,7 @@ def test_strategies_and_objectives_are_costed_by_one_model():
 
 @pytest.mark.api
 def test_bare_decorator_caches_per_signature():
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     step = jaxpar.auto_shard(ex.step)
     args = ex.make_args(0)
     state, _metrics = step(*args)
@@ -70,7 +70,7 @@ def test_bare_decorator_caches_per_signature():
 
 @pytest.mark.api
 def test_labels_and_phases_for_nnx():
-    ex = models.get("nnx_mlp", small=True)
+    ex = zoo.get("nnx_mlp", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"data": 8})
     labels = {r["layer"] for r in plan.layer_rows()}
     assert any("layers" in label for label in labels), labels  # parameter-path labels
@@ -186,9 +186,9 @@ def test_control_flow_is_one_replicated_node():
 def test_baselines_split_batchless_tensors_and_keep_optimizer_state_with_weights():
     """data: a ReLU's broadcast zero is split on the batch like the activation it meets;
     owt: a dense layer's momentum takes its kernel's (model-parallel) layout, no regathering."""
-    import models
+    import jaxpar_zoo as zoo
 
-    ex = models.get("vgg11", small=True)
+    ex = zoo.get("vgg11", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"data": 8}, cluster="p100")
     data = plan.variant("data")
     for node in data.ng.nodes:

@@ -4,11 +4,11 @@ import logging
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxpar
-import models
 
 pytestmark = pytest.mark.api
 
@@ -81,7 +81,7 @@ def test_bad_options():
 
 
 def test_donated_arguments_reused():
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     step = jaxpar.auto_shard(ex.step, mesh=jaxpar.make_mesh({"data": 8}), donate_argnums=0)
     state, batch = ex.make_args(0)
     new_state, _ = step(state, batch)

@@ -10,11 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 
 import jaxpar
-import models
 from jaxpar.cli.main import main
 from jaxpar.cost.node_costs import compute_times
 from jaxpar.hardware import Cluster, mesh_axes
@@ -133,7 +133,7 @@ def test_calibrated_compute_is_flops_over_the_measured_rate():
     """Compute-bound calibration at rate R: every node's t_C is its FLOPs / R (the matmul
     curve for the contraction, the curve's peak, also R, for its elementwise followers)."""
     rate = 2e11
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"d": 1}, cluster=synthetic(rate, devices=1))
     assert plan.params.mesh.calibration is not None
     dots = 0
@@ -346,7 +346,7 @@ def test_calibrate_measures_every_axis_and_kind(measured):
 @pytest.mark.api
 def test_plan_with_a_calibration_file_says_measured(measured):
     cal, path = measured
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 4}, cluster=str(path))
     assert plan.cluster.calibration == cal
     assert plan.mesh_axes.bandwidth == tuple(a.bandwidth for a in cal.axes)
@@ -359,7 +359,7 @@ def test_plan_with_a_calibration_file_says_measured(measured):
 @pytest.mark.numerics
 def test_auto_shard_runs_with_a_calibration_file(measured):
     _, path = measured
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     mesh = jaxpar.make_mesh({"a": 2, "b": 4})
     step = jaxpar.auto_shard(ex.step, mesh=mesh, cluster=str(path))
     state, batch = ex.make_args(0)

@@ -8,11 +8,11 @@ plan), and on the case that broke the old certificate (VGG-16 on 16 P100s).
 
 from __future__ import annotations
 
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 
 import jaxpar
-import models
 from jaxpar.cost.evaluation import evaluate
 
 pytestmark = pytest.mark.oracle
@@ -41,9 +41,9 @@ def _check_certificate(plan: jaxpar.Plan, random_plans: int = 16) -> None:
 
 
 @pytest.mark.parametrize(("mesh", "cluster"), SETUPS, ids=lambda x: str(x))
-@pytest.mark.parametrize("name", (*models.NAMES, *models.EXTRA))
+@pytest.mark.parametrize("name", (*zoo.NAMES, *zoo.EXTRA))
 def test_nothing_beats_a_certified_plan(name, mesh, cluster):
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster)
     _check_certificate(plan)
     # the searches' own verdicts agree with the plan's
@@ -59,7 +59,7 @@ def test_certificates_are_common_on_the_small_zoo():
     certified = 0
     names = ("mlp", "cnn", "gpt_small", "lenet5", "alexnet", "vgg11")
     for name in names:
-        ex = models.get(name, small=True)
+        ex = zoo.get(name, small=True)
         plan = jaxpar.plan(
             ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="p100", objective="time"
         )
@@ -70,7 +70,7 @@ def test_certificates_are_common_on_the_small_zoo():
 @pytest.mark.slow
 def test_vgg16_full_size_certificate_holds_against_kcut():
     """The old certificate's failure: auto said optimal at 0.3363 s, k-cut found 0.3355 s."""
-    ex = models.get("vgg16", batch=512)
+    ex = zoo.get("vgg16", batch=512)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 4, "gpu": 4}, cluster="p100")
     kcut = plan.searches["kcut"].evaluation.objective
     if plan.optimal:
@@ -80,7 +80,7 @@ def test_vgg16_full_size_certificate_holds_against_kcut():
 
 
 def test_objective_comm_certificate():
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 4}, cluster="p100", objective="comm")
     assert plan.evaluation.objective == pytest.approx(plan.cost.comm_bytes)
     _check_certificate(plan)

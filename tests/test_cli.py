@@ -423,7 +423,7 @@ def test_help_is_plain_text_and_lists_commands(capsys):
 
 
 def test_plan_help_lists_models_presets_and_remat_policies(capsys):
-    import models
+    import jaxpar_zoo as zoo
 
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", "--help"])
@@ -431,9 +431,9 @@ def test_plan_help_lists_models_presets_and_remat_policies(capsys):
     out = capsys.readouterr().out
     assert "``" not in out
     words = set(re.findall(r"[\w-]+", out))
-    from models.llama import REMAT_POLICIES
+    from jaxpar_zoo.llama import REMAT_POLICIES
 
-    listed = (*models.NAMES, *models.EXTRA, *models.LARGE, *Cluster.presets(), *REMAT_POLICIES)
+    listed = (*zoo.NAMES, *zoo.EXTRA, *zoo.LARGE, *Cluster.presets(), *REMAT_POLICIES)
     missing = [n for n in listed if n not in words]
     assert not missing, missing
     assert "float32" in out and "bfloat16" in out  # the dtypes

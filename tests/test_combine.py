@@ -2,10 +2,10 @@
 
 import math
 
+import jaxpar_zoo as zoo
 import pytest
 
 import jaxpar
-import models
 from jaxpar.verify.compiled import fidelity
 from jaxpar.xla.allreduce_combiner import COMBINERS, AllReduceItem, Combiner, group_all_reduces
 
@@ -67,7 +67,7 @@ def test_predicted_counts_match_the_compiled_program(name, axes):
     gradient all-reduces XLA merges) and the `model` and `owt` plans (their gathers of small
     tensors). test_numerics checks the same of the auto plans on every mesh and of the hand
     plans on (2, 4), with the programs it compiles anyway."""
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     mesh = jaxpar.make_mesh(axes)
     for strategy in ("data", "model", "owt"):
         step = jaxpar.auto_shard(ex.step, mesh=mesh, strategy=strategy)
@@ -86,7 +86,7 @@ def test_combined_latency_is_paid_once_per_group():
     into one, so the combined step saves 27 all-reduce latencies."""
     from jaxpar.hardware.collectives import ALL_REDUCE, ring_steps
 
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="p100",
                        strategy="data")  # fmt: skip
     ars = [c for c in plan.collectives if c.kind == ALL_REDUCE]

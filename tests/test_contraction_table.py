@@ -11,6 +11,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 from jax import lax
@@ -18,7 +19,6 @@ from jax.sharding import NamedSharding
 from test_calibrate import synthetic
 
 import jaxpar
-import models
 from jaxpar.cli.main import main
 from jaxpar.cost.contraction_calls import (
     TABLE_PRIMITIVES,
@@ -37,7 +37,7 @@ from jaxpar.runtime.measure_contractions import call_kernel_ops
 @pytest.fixture(scope="module")
 def cnn_plan():
     """The small CNN (convolutions and a dense layer) planned on a 2 x 4 mesh."""
-    ex = models.get("cnn", small=True)
+    ex = zoo.get("cnn", small=True)
     cal = synthetic(rate=1e12, kind=jax.devices()[0].device_kind)
     mesh = jaxpar.make_mesh({"a": 2, "b": 4})
     return jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cal, memory_budget=None), ex, cal
@@ -210,7 +210,7 @@ def test_only_the_calls_own_instructions_are_timed():
 @pytest.mark.slow
 @pytest.mark.api
 def test_measure_contractions_fills_the_table_the_plan_then_prices_with():
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     cal = synthetic(rate=1e12, kind=jax.devices()[0].device_kind)
     mesh = jaxpar.make_mesh({"a": 2})
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cal, memory_budget=None)

@@ -79,14 +79,14 @@ def test_reported_cost_lies_between_the_two_search_problems(name, mesh, objectiv
     """For any assignment: bound objective <= reported cost <= problem objective (equal when
     every shared reshard has its exact table), and the reported cost is Eq. 1's sum (step_s,
     or bytes under "comm")."""
+    import jaxpar_zoo as zoo
     import numpy as np
 
     import jaxpar
-    import models
     from jaxpar.cost.evaluation import evaluate
     from jaxpar.solver.problem import assignment_cost
 
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="p100", objective=objective)
     from jaxpar.cost.search_tables import pairwise_bound
 
@@ -222,11 +222,12 @@ def test_copies_share_node_work_only_when_priced_alike(name):
     """`node_work`'s memo (a layer's copies share one `NodeWork`) changes no number: every node's
     FLOPs, bytes and t_C per configuration equal the unshared computation, on a 12-layer GPT-2
     and a small CNN, and the copies did share (fewer works than nodes)."""
+    import jaxpar_zoo as zoo
+
     import jaxpar
-    import models
     from jaxpar.cost.node_costs import node_work
 
-    ex = models.get(name, small=name != "gpt2_124m")
+    ex = zoo.get(name, small=name != "gpt2_124m")
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 4, "b": 4}, cluster="p100")
     memo: dict = {}
     for node, cfgs in zip(plan.ng.nodes, plan.tables.configs, strict=True):
@@ -243,12 +244,13 @@ def test_copies_share_node_work_only_when_priced_alike(name):
 def test_resharded_reads_are_the_reads_whose_layouts_differ():
     """`evaluate._resharded` (layout numbers compared over all reads at once) picks exactly the
     reads whose producer's and reader's layouts differ, for 200 random assignments."""
+    import jaxpar_zoo as zoo
+
     import jaxpar
-    import models
     from jaxpar.cost.evaluation import _priced_reads, _resharded
     from jaxpar.nodes.configs import spec_of
 
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 4}, cluster="p100")
     ctx, configs = plan.eval_context(), plan.tables.configs
     rs = np.random.RandomState(0)
@@ -622,12 +624,13 @@ def test_plan_work_matches_xla_cost_analysis_on_a_data_parallel_mlp():
     """The predicted per-device FLOPs and bytes of a compiled plan agree with XLA's
     cost_analysis (bytes less the collectives'), within 15 %
     (bench/fidelity/compute_fidelity.py)."""
+    import jaxpar_zoo as zoo
+
     import jaxpar
-    import models
     from jaxpar.cost.node_costs import plan_work
     from jaxpar.verify.compiled import compiled_collectives
 
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     step = jaxpar.auto_shard(ex.step, mesh=jaxpar.make_mesh({"data": 8}), strategy="data")
     compiled = step.lower(*ex.args).compile()
     analysis = compiled.cost_analysis()
@@ -646,14 +649,15 @@ def test_every_tensor_a_kernel_reads_is_written_or_an_input(name):
     kernel put there. A reduction whose result its readers use through a recomputed division
     (a layer norm's mean) must write it: before `kernels._read_outside` 13-32 tensors per model
     were read but never written, and their reductions cost nothing."""
-    import models
+    import jaxpar_zoo as zoo
+
     from jaxpar.cost.kernels import node_kernels
     from jaxpar.nodes.planning_nodes import build_nodes
     from jaxpar.program.graph import REGION_PRIMITIVES
     from jaxpar.trace.tracing import trace
     from jaxpar.xla.fusion import ACCELERATOR_FUSION, CPU_FUSION
 
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     program, _ = trace(ex.step, ex.args)
     ng = build_nodes(program)
     for rules in (ACCELERATOR_FUSION, CPU_FUSION):
@@ -675,13 +679,14 @@ def test_every_member_of_a_running_kernel_computes_what_it_writes(name):
     recomputed by kernels elsewhere run there (`kernels._feeding`): before, a loss's elementwise
     node (its shifted exponentials and its gradient) read the gradient's operands in the kernel
     that wrote only the sliced logits."""
-    import models
+    import jaxpar_zoo as zoo
+
     from jaxpar.cost.kernels import node_kernels
     from jaxpar.nodes.planning_nodes import build_nodes
     from jaxpar.trace.tracing import trace
     from jaxpar.xla.fusion import ACCELERATOR_FUSION, CPU_FUSION
 
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     program, _ = trace(ex.step, ex.args)
     ng = build_nodes(program)
     idle = 0
@@ -708,13 +713,14 @@ def test_every_kernel_reads_only_what_was_made_before_it_writes(name):
     where that holds (`kernels._cones`): before, a softmax's forward probabilities and its
     backward gradient, one node, were one kernel reading the backward product (6 such kernels
     in the small GPT, 4 in the CNN)."""
-    import models
+    import jaxpar_zoo as zoo
+
     from jaxpar.cost.kernels import node_kernels
     from jaxpar.nodes.planning_nodes import build_nodes
     from jaxpar.trace.tracing import trace
     from jaxpar.xla.fusion import ACCELERATOR_FUSION, CPU_FUSION, program_index
 
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     program, _ = trace(ex.step, ex.args)
     ng = build_nodes(program)
     made = program_index(program).producer

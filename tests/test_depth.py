@@ -13,10 +13,10 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from jaxpar_zoo.llama import llama_config, llama_example
 
 import jaxpar
 from jaxpar.xla.fusion import ACCELERATOR_FUSION, read_sources, recomputed, whole_sources
-from models.llama import llama_config, llama_example
 
 DEFAULT_LIMIT = 1000
 

@@ -13,7 +13,7 @@ from jaxpar.verify.compiled import fidelity
 
 pytest.importorskip("transformers", reason='the ecosystem extra: pip install -e ".[ecosystem]"')
 
-from models.ecosystem import HF_MODELS, hf_flax
+from jaxpar_zoo.ecosystem import HF_MODELS, hf_flax
 
 pytestmark = [pytest.mark.ecosystem, pytest.mark.numerics, pytest.mark.slow]
 

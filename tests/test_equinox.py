@@ -11,7 +11,7 @@ from jaxpar.verify.compiled import fidelity
 
 pytest.importorskip("equinox")
 
-from models.ecosystem import equinox_lm
+from jaxpar_zoo.ecosystem import equinox_lm
 
 
 @pytest.mark.numerics

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import jaxpar_zoo as zoo
 import pytest
 
 import jaxpar
-import models
 from jaxpar.planner import figures
 
 pytestmark = pytest.mark.api
@@ -15,7 +15,7 @@ STRATEGIES = ("auto", "data", "model", "owt")
 
 @pytest.fixture(scope="module")
 def plans():
-    ex = models.get("cnn", small=True)
+    ex = zoo.get("cnn", small=True)
     # Eq. 1: the figure's stacked bars are its terms, and its plans' bars lie far apart
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 4}, cluster="p100", objective="time")
     return {s: plan.variant(s) for s in STRATEGIES}

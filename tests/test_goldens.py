@@ -16,17 +16,17 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import jaxpar_zoo as zoo
 import pytest
 
 import jaxpar
-import models
 
 pytestmark = pytest.mark.golden
 
 GOLDEN_DIR = Path(__file__).parent / "goldens"
 UPDATE = os.environ.get("JAXPAR_UPDATE_GOLDENS") == "1"
 SETUPS = [({"node": 2, "gpu": 4}, "p100"), ({"data": 2, "model": 4}, "dgx-h100")]
-MODEL_NAMES = (*models.NAMES, *models.EXTRA)
+MODEL_NAMES = (*zoo.NAMES, *zoo.EXTRA)
 
 
 def fingerprint(plan: jaxpar.Plan) -> dict:
@@ -53,7 +53,7 @@ def _golden_path(name: str, mesh: dict[str, int], cluster: str) -> Path:
 @pytest.mark.parametrize(("mesh", "cluster"), SETUPS, ids=lambda x: str(x))
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_plan_matches_golden(name, mesh, cluster):
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster)
     got = fingerprint(plan)
     path = _golden_path(name, mesh, cluster)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 import jax
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 
 import jaxpar
-import models
 from jaxpar.hardware.cluster import Cluster
 from jaxpar.hardware.devices import DeviceGroup, DeviceSpec, LinkLevel
 from tests.helpers import assert_equivalent, assert_fidelity
@@ -33,7 +33,7 @@ def two_device_cluster() -> Cluster:
 
 @pytest.mark.closed_form
 def test_two_group_alpha_and_per_device_costs_match_closed_form():
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     plan = jaxpar.plan(
         ex.step, *ex.args, mesh={"x": 2}, cluster=two_device_cluster(), strategy="data"
     )
@@ -66,7 +66,7 @@ def test_two_group_alpha_and_per_device_costs_match_closed_form():
 
 @pytest.mark.closed_form
 def test_homogeneous_ratio_equals_even():
-    ex = models.get("cnn", small=True)
+    ex = zoo.get("cnn", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 4}, cluster="p100")
     assert plan.cost.ratio_step_s == pytest.approx(plan.cost.step_s, rel=1e-12)
     assert plan.heterogeneity_report() == ""
@@ -86,7 +86,7 @@ def test_slow_link_axis_carries_the_small_transfers(mesh):
     """Whichever mesh axis crosses the slow inter-node link, the big transfers avoid it (a batch
     of 256: smaller, this tiny model runs fastest replicated, per-kernel overheads included).
     Under Eq. 1, which charges every byte on the slow link; the overlapped step hides some."""
-    ex = models.get("gpt_small", small=True, batch=256)
+    ex = zoo.get("gpt_small", small=True, batch=256)
     cluster = Cluster.preset("p100", nodes=2)
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster, objective="time")
     links = dict(zip(plan.mesh_axes.names, plan.mesh_axes.link_names, strict=True))
@@ -100,7 +100,7 @@ def test_slow_link_axis_carries_the_small_transfers(mesh):
 @pytest.mark.closed_form
 def test_heterogeneous_mixed_gpu_prefers_the_fast_boundary():
     """mixed-gpu: 8 A100 + 8 H100; the node axis crosses the 25 GB/s A100 HDR links."""
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     cluster = Cluster.preset("mixed-gpu")
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 2, "gpu": 8}, cluster=cluster)
     assert cluster.heterogeneous
@@ -114,7 +114,7 @@ def test_heterogeneous_mixed_gpu_prefers_the_fast_boundary():
 @pytest.mark.parametrize("preset", ["accpar-tpu", "mixed-gpu"])
 def test_heterogeneous_plan_applies_and_matches_unsharded(preset):
     """Even split on 8 fake devices: same numbers as the unsharded step, HLO as predicted."""
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     cluster = Cluster.preset(preset, devices=8)
     mesh = jaxpar.make_mesh({"group": 2, "dev": 4})
     step = jaxpar.auto_shard(ex.step, mesh=mesh, cluster=cluster, strategy="data")

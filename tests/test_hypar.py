@@ -1,11 +1,11 @@
 """HyPar (AccPar §3.5): the planner's search over Type-I (batch) / Type-II (D_i) partitions."""
 
 import jax
+import jaxpar_zoo as zoo
 import pytest
 from helpers import assert_equivalent
 
 import jaxpar
-import models
 from jaxpar.nodes.configs import CONTRACTIONS
 from jaxpar.search.baselines import STRATEGIES, _best_on_dim, type2_dims
 
@@ -54,7 +54,7 @@ def test_type2_dims_follow_accpar_table3(name):
     """Dense: forward splits the contracted D_i, the input gradient its result's D_i, the weight
     gradient the D_i rows of dW (AccPar Table 3, Type-II column). LeNet-5's top layer reads the
     loss gradient from a forward-phase node (merged followers): the rule must not use phases."""
-    ex = models.get(name, small=name != "soybean_mlp")
+    ex = zoo.get(name, small=name != "soybean_mlp")
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 2})
     seen = set()
     for node in contraction_nodes(plan):
@@ -80,7 +80,7 @@ def test_type2_dims_follow_accpar_table3(name):
 def test_type2_dims_conv():
     """Convolutions: Type-II is the input-channel dim k forward; input gradient: its result's
     channel c; weight gradient: the kernel's input-channel dim (size C_in of the layer)."""
-    ex = models.get("lenet5", small=True)
+    ex = zoo.get("lenet5", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 2})
     convs = [
         n
@@ -111,7 +111,7 @@ def test_type2_dims_conv():
 @pytest.mark.parametrize(("mesh", "cluster"), SETUPS, ids=str)
 @pytest.mark.parametrize("name", ["mlp", "cnn", "gpt_small"])
 def test_hypar_between_auto_and_data(name, mesh, cluster):
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     auto = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster)
     hypar = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster, strategy="hypar")
     assert hypar.strategy == "hypar"
@@ -125,7 +125,7 @@ def test_hypar_between_auto_and_data(name, mesh, cluster):
 
 @pytest.mark.oracle
 def test_hypar_kcut_and_comm():
-    ex = models.get("soybean_mlp")
+    ex = zoo.get("soybean_mlp")
     mesh = {"node": 4, "gpu": 4}
     plan = jaxpar.plan(
         ex.step,
@@ -147,7 +147,7 @@ def test_hypar_kcut_and_comm():
 @pytest.mark.numerics
 def test_hypar_auto_shard_numerics():
     assert "hypar" in STRATEGIES
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     args = ex.make_args(0)
     ref = jax.jit(ex.step)(*args)
     mesh = jaxpar.make_mesh({"data": 2, "model": 4})

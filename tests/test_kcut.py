@@ -5,12 +5,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 from test_search import GRAPHS
 
 import jaxpar
-import models
 from jaxpar.solver.descent import solve
 from jaxpar.solver.elimination import solve_exact
 from jaxpar.solver.kcut import cut_order, kcut, project, recut, recut_and_descend, restrict
@@ -188,7 +188,7 @@ def test_real_train_step_kcut(cluster):
 @pytest.mark.oracle
 def test_soybean_mlp_hybrid():
     """SoyBean §4.1: data parallel across the groups (slow links), model parallel within."""
-    ex = models.get("soybean_mlp")
+    ex = zoo.get("soybean_mlp")
     mesh = {"node": 4, "gpu": 4}
     plan = jaxpar.plan(
         ex.step, *ex.args, mesh=mesh, cluster="p100", objective="comm", search="kcut"
@@ -224,7 +224,7 @@ def test_soybean_mlp_hybrid():
 def test_search_option_validation():
     with pytest.raises(ValueError, match="search='joint'"):
         jaxpar.PlannerOptions(search="joint")
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 2}, search="kcut")
     assert plan.stats["search"] == "kcut"
     lone = jaxpar.plan(

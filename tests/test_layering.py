@@ -186,3 +186,14 @@ def test_no_function_over_80_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
     assert not long, "functions over 80 lines:\n" + "\n".join(sorted(long))
+
+
+def test_the_install_lists_every_package():
+    """pyproject.toml names each package (so that the zoo in models/ installs as `jaxpar_zoo`
+    beside them): every folder of jaxpar/ with an __init__.py is there, nothing else."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = re.search(r"^packages = \[(.*?)\]", text, re.M | re.S).group(1)
+    names = set(re.findall(r'"([\w.]+)"', listed))
+    on_disk = {module_name(p.parent) for p in PACKAGE.rglob("__init__.py")}
+    assert names == on_disk | {"jaxpar_zoo"}
+    assert re.search(r'^jaxpar_zoo = "models"$', text, re.M)

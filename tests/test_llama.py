@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 from helpers import assert_trains
+from jaxpar_zoo.llama import Attention, llama_config, llama_example
 
 import jaxpar
-import models
-from models.llama import Attention, llama_config, llama_example
 
 # Published totals (Meta's model cards: 8.03B and 70.6B; the Gemma report: 8.54B for 7B;
 # Mistral's Mixtral 8x7B: 46.7B)
@@ -49,9 +49,9 @@ def _remat_equations(jaxpr) -> int:
 
 
 @pytest.mark.closed_form
-@pytest.mark.parametrize("name", models.LARGE)
+@pytest.mark.parametrize("name", zoo.LARGE)
 def test_full_param_counts(name):
-    ex = models.get(name)  # abstract: eval_shape of init, nothing allocated
+    ex = zoo.get(name)  # abstract: eval_shape of init, nothing allocated
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(ex.args))
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(ex.args[0].params))
     assert n == ex.config["params"] == closed_form_params(ex.config)
@@ -65,9 +65,9 @@ def test_full_param_counts(name):
 
 
 @pytest.mark.closed_form
-@pytest.mark.parametrize("name", (*models.LARGE, *models.LARGE_EXTRA))
+@pytest.mark.parametrize("name", (*zoo.LARGE, *zoo.LARGE_EXTRA))
 def test_small_param_counts_and_divisibility(name):
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     assert ex.config["params"] == closed_form_params(ex.config)
     cfg = ex.config
     for key in ("batch", "d_model", "num_heads", "num_kv_heads", "ffn_dim", "vocab_size"):
@@ -81,14 +81,14 @@ def test_config_overrides():
     assert (cfg["batch"], cfg["seq_len"], cfg["remat"]) == (64, 2048, True)
     assert cfg["rope_theta"] == 500_000.0 and cfg["norm_eps"] == 1e-5
     assert llama_config("llama3_70b")["remat"] is False  # the stored config is untouched
-    assert models.get("llama_small", batch=24).args[1]["tokens"].shape == (24, 16)
+    assert zoo.get("llama_small", batch=24).args[1]["tokens"].shape == (24, 16)
     with pytest.raises(KeyError, match="unknown Llama config"):
         llama_config("llama3_405b")
 
 
 @pytest.mark.numerics
 def test_small_trains_in_float32():
-    ex = models.get("llama_small", small=True)
+    ex = zoo.get("llama_small", small=True)
     state, _ = ex.make_args(0)
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
     assert_trains(ex)
@@ -161,7 +161,7 @@ def test_grouped_query_attention_matches_reference(num_kv_heads):
 
 @pytest.mark.numerics
 def test_bfloat16_mixed_precision():
-    ex = models.get("llama_small", small=True, dtype=jnp.bfloat16)
+    ex = zoo.get("llama_small", small=True, dtype=jnp.bfloat16)
     assert ex.config["dtype"] == "bfloat16" and ex.config["param_dtype"] == "float32"
     state, batch = ex.make_args(0)
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
@@ -206,7 +206,7 @@ def test_every_primitive_has_a_sharding_rule(name, remat):
 
 @pytest.mark.api
 def test_small_plans():
-    ex = models.get("llama_small", small=True)
+    ex = zoo.get("llama_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"data": 2, "model": 4}, cluster="dgx-h100")
     assert plan.stats["equations"] > 0
     assert np.isfinite(plan.cost.step_s) and plan.cost.step_s > 0

@@ -133,7 +133,7 @@ def _cond_step(w, batch):
 
 
 def _nnx_scan_case():
-    from models.scanned import scanned_config, scanned_example
+    from jaxpar_zoo.scanned import scanned_config, scanned_example
 
     ex = scanned_example("gpt_scan_nnx", scanned_config("gpt_scan_nnx", small=True), jnp.float64)
     return ex.step, *ex.make_args(seed=0)
@@ -419,9 +419,9 @@ def test_tying_reduces_a_problem_exactly():
 def test_repeated_layers_are_searched_once():
     """An unrolled 2-block decoder: block 1 follows block 0 position by position; the report
     says what the certificate covers; searching every layer on its own is never worse."""
-    import models
+    import jaxpar_zoo as zoo
 
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     mesh = {"a": 2, "b": 4}
     plan = jaxpar.plan(
         ex.step, *ex.args, mesh=mesh, options=jaxpar.PlannerOptions(share_blocks=True)
@@ -455,8 +455,9 @@ def test_a_mixed_precision_decoders_state_and_remat_barriers_are_tied_with_their
     from their weight's path, so every block's copies are tied: the untied nodes with a choice
     are outside the blocks (before, the weights, moments and barriers were untied: 992 of
     llama3_8b's 5,363 nodes stayed variables, now 217)."""
+    from jaxpar_zoo.llama import llama_config, llama_example
+
     from jaxpar.nodes.planning_nodes import Node
-    from models.llama import llama_config, llama_example
 
     ex = llama_example("llama_small", llama_config("llama_small", remat=True))
     plan = jaxpar.plan(
@@ -484,11 +485,11 @@ def test_a_mixed_precision_decoders_state_and_remat_barriers_are_tied_with_their
 def test_scanned_and_unrolled_searches_do_not_miss_each_others_layouts():
     """The small GPT scanned and unrolled (the same math), two H100 nodes, the overlapped step:
     each program's own plan is no slower than its arguments pinned to the other plan's
-    layouts (`models.scanned.unstacked_specs` / `stacked_specs`), the rest searched. On the
+    layouts (`jaxpar_zoo.scanned.unstacked_specs` / `stacked_specs`), the rest searched. On the
     scanned program the unrolled plan's layouts cost more; the two programs price even the
     same layouts differently, which is why their plans are not within 1 % of each other
     (bench/scale/README.md, "layouts swapped")."""
-    from models.scanned import scanned_config, scanned_example, stacked_specs, unstacked_specs
+    from jaxpar_zoo.scanned import scanned_config, scanned_example, stacked_specs, unstacked_specs
 
     scanned, unrolled = (
         scanned_example(n, scanned_config(n, small=True))

@@ -8,14 +8,14 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import pytest
 from helpers import assert_equivalent
 from jax.sharding import PartitionSpec as P
+from jaxpar_zoo import maxtext as mt
 
 import jaxpar
-import models
 from jaxpar.verify.compiled import fidelity
-from models import maxtext as mt
 
 MESH = {"data": 2, "fsdp": 2, "tensor": 2}  # three of MaxText's axes (12: see the last test)
 # large enough that splitting pays on H100s (at 16 x 16 the plan replicates everything)
@@ -50,8 +50,8 @@ def test_default_rules_are_maxtexts_fsdp_and_restrict_to_a_mesh():
     assert rules["mlp"] == ("tensor",) and rules["kv"] is None and rules["layers"] is None
     names = [n for n, _ in mt.LOGICAL_AXIS_RULES]
     assert names.count("embed") == 4 and len(mt.LOGICAL_AXIS_RULES) == 59
-    assert "maxtext_8b" in models.registered_names()
-    full = models.get("maxtext_8b").config
+    assert "maxtext_8b" in zoo.registered_names()
+    full = zoo.get("maxtext_8b").config
     assert full["params"] == 8_030_261_248  # Llama 3 8B's count
 
 

@@ -6,12 +6,13 @@ import types
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 from helpers import assert_equivalent
+from jaxpar_zoo.llama import llama_config, llama_example
 
 import jaxpar
-import models
 from jaxpar.memory.estimate import parse_bytes
 from jaxpar.memory.shard_map_buffers import body_value_bytes, body_workspace
 from jaxpar.program.graph import BACKWARD, FORWARD, UPDATE, phase_of
@@ -29,7 +30,6 @@ from jaxpar.xla.buffer_assignment import (
     scheduled_updates,
     transposed_operands,
 )
-from models.llama import llama_config, llama_example
 
 MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "2x2x2": {"a": 2, "b": 2, "c": 2}}
 # The model is a liveness walk over the jaxpr with XLA's fusion approximated by planning nodes,
@@ -45,7 +45,7 @@ FIDELITY_BAND = (0.90, 1.10)
 
 @functools.cache
 def example(name):
-    return models.get(name, small=True)
+    return zoo.get(name, small=True)
 
 
 def checked_in_test_numerics(name: str, mesh: str, strategy: str, donate: bool) -> bool:
@@ -271,7 +271,7 @@ def test_batch_norm_centring_kept_at_ynn_sizes():
     backward's reductions run in YNNPACK and read batch norm's stored ``x - mean``; the
     prediction follows (the 2-images-per-device side is the small CNN of
     `test_predicted_peak_against_compiled`)."""
-    ex = models.get("cnn", small=True, batch=128)
+    ex = zoo.get("cnn", small=True, batch=128)
     step = jaxpar.auto_shard(ex.step, mesh=jaxpar.make_mesh(MESHES["8"]), strategy="data")
     compiled = step.lower(*ex.args).compile()
     parts = compiled_memory(compiled)
@@ -620,7 +620,7 @@ def test_budget_below_the_minimum_says_what_would_help():
 def test_budget_constrained_plan_runs_like_the_unsharded_step(mesh):
     """A plan squeezed by the budget (activations or state sharded) computes the same step."""
     with jax.enable_x64(True):
-        ex = models.get("gpt_small", small=True, dtype=np.float64)
+        ex = zoo.get("gpt_small", small=True, dtype=np.float64)
         args = ex.make_args(0)
         ref = jax.jit(ex.step)(*args)
         free = jaxpar.plan(ex.step, *args, mesh=MESHES[mesh], cluster="p100", memory_budget=None)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 
-import models
-
-ALL = models.NAMES + models.EXTRA
+ALL = zoo.NAMES + zoo.EXTRA
 
 # Published trainable-parameter counts of the full-size configs (torchvision for the CNNs,
 # Hugging Face GPT-2, timm ViT-B/16, the GPT-3 paper's "1.3B"); the zoo must be within 3%.
@@ -44,14 +43,14 @@ def _leaf_signature(tree) -> list[tuple[tuple[int, ...], np.dtype, bool]]:
 
 
 @pytest.fixture(scope="module", params=ALL)
-def small_example(request) -> models.Example:
+def small_example(request) -> zoo.Example:
     # Module scope: building (and tracing init for) an example once per name keeps tests fast.
-    return models.get(request.param, small=True)
+    return zoo.get(request.param, small=True)
 
 
 @pytest.mark.api
 def test_names_registered():
-    assert models.NAMES == (
+    assert zoo.NAMES == (
         "lenet5",
         "alexnet",
         "vgg11",
@@ -68,18 +67,16 @@ def test_names_registered():
         "vit_b16",
         "nnx_gpt",
     )
-    assert models.EXTRA == ("cnn", "mlp", "gpt_small", "nnx_mlp")
+    assert zoo.EXTRA == ("cnn", "mlp", "gpt_small", "nnx_mlp")
     assert len(set(ALL)) == len(ALL)
-    registered = set(models.registered_names())
-    assert registered == set(
-        ALL + models.LARGE + models.LARGE_EXTRA + models.SCANNED + models.MAXTEXT
-    )
+    registered = set(zoo.registered_names())
+    assert registered == set(ALL + zoo.LARGE + zoo.LARGE_EXTRA + zoo.SCANNED + zoo.MAXTEXT)
 
 
 @pytest.mark.api
 def test_unknown_name_raises():
     with pytest.raises(KeyError, match="unknown model"):
-        models.get("no_such_model")
+        zoo.get("no_such_model")
 
 
 @pytest.mark.api
@@ -122,7 +119,7 @@ def test_make_args_deterministic(small_example):
 def test_make_args_equals_default_jit(name):
     # make_args compiles init at a lower XLA:CPU optimization level; values must not change
     # from a user's jax.jit at XLA's default level 2 (the suite's own default is 0: conftest.py)
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     state, batch = ex.make_args(5)
     init_key, data_key = jax.random.split(jax.random.PRNGKey(5))
 
@@ -136,9 +133,9 @@ def test_make_args_equals_default_jit(name):
 
 @pytest.mark.api
 def test_get_returns_fresh_config():
-    a = models.get("mlp", small=True)
+    a = zoo.get("mlp", small=True)
     a.config["lr"] = -1.0
-    b = models.get("mlp", small=True)
+    b = zoo.get("mlp", small=True)
     assert b.config["lr"] != -1.0
     assert b.step is a.step and b.init_state is a.init_state
 
@@ -182,7 +179,7 @@ def test_step_traces_abstractly(small_example):
 @pytest.mark.api
 @pytest.mark.parametrize("name", ALL)
 def test_batch_override(name):
-    ex = models.get(name, batch=24, small=True)
+    ex = zoo.get(name, batch=24, small=True)
     for leaf in jax.tree.leaves(ex.args[1]):
         assert leaf.shape[0] == 24
 
@@ -191,9 +188,9 @@ def test_batch_override(name):
 @pytest.mark.parametrize("name", ALL)
 def test_full_config_is_abstract(name):
     # Full-size configs must be describable without allocating parameters (eval_shape only).
-    ex = models.get(name)
+    ex = zoo.get(name)
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(ex.args))
-    small = models.get(name, small=True)
+    small = zoo.get(name, small=True)
     assert jax.tree.leaves(ex.args[1])[0].shape[0] % 8 == 0
     n_full = sum(x.size for x in jax.tree.leaves(ex.args[0]))
     n_small = sum(x.size for x in jax.tree.leaves(small.args[0]))
@@ -203,10 +200,10 @@ def test_full_config_is_abstract(name):
 
 
 @pytest.mark.closed_form
-@pytest.mark.parametrize("name", models.NAMES)
+@pytest.mark.parametrize("name", zoo.NAMES)
 def test_full_param_counts(name):
     # Abstract only: counted from the ShapeDtypeStructs of ``args``, nothing is allocated.
-    ex = models.get(name)
+    ex = zoo.get(name)
     params = ex.args[0][0] if isinstance(ex.args[0], tuple) else ex.args[0].params
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     assert n == ex.config["params"]
@@ -215,7 +212,7 @@ def test_full_param_counts(name):
 
 @pytest.mark.closed_form
 def test_soybean_full_batch():
-    ex = models.get("soybean_mlp")
+    ex = zoo.get("soybean_mlp")
     assert ex.args[1]["x"].shape == (400, 320)
     assert ex.args[1]["y"].shape == (400,)
 
@@ -223,7 +220,7 @@ def test_soybean_full_batch():
 @pytest.mark.numerics
 @pytest.mark.parametrize("name", ["mlp", "gpt_small"])
 def test_bfloat16_loss_is_f32(name):
-    ex = models.get(name, small=True, dtype=jnp.bfloat16)
+    ex = zoo.get(name, small=True, dtype=jnp.bfloat16)
     state, batch = ex.make_args(0)
     _, metrics = jax.jit(ex.step)(state, batch)
     assert metrics["loss"].dtype == jnp.float32

@@ -18,13 +18,13 @@ import threading
 import time
 
 import jax
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 from helpers import FAST_CODEGEN
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxpar
-import models
 from jaxpar.runtime import distributed
 from jaxpar.runtime.distributed import MultiHostMismatch
 
@@ -220,7 +220,7 @@ def _run_exchange(fps: dict[int, distributed.Fingerprint | None], timeout=5.0):
 
 @pytest.fixture(scope="module")
 def mlp_plans():
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     mesh = {"data": 2, "model": 4}
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="p100")
     again = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster="p100")
@@ -283,7 +283,7 @@ def test_exchange_times_out_when_a_process_never_arrives(mlp_plans):
 def test_single_process_is_unchanged():
     mesh = jaxpar.make_mesh({"data": 2, "model": 4})
     assert distributed.mesh_processes(mesh) == (0,)
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     step = jaxpar.auto_shard(ex.step, mesh=mesh, cluster="p100")
     state, batch = ex.make_args(0)
     step.lower(state, batch)

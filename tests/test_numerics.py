@@ -5,11 +5,11 @@ the count after XLA's combiner), for every model, mesh and strategy planned here
 import functools
 
 import jax
+import jaxpar_zoo as zoo
 import pytest
 from helpers import assert_equivalent, assert_fidelity
 
 import jaxpar
-import models
 from jaxpar.verify.compiled import compiled_memory
 
 pytestmark = pytest.mark.numerics
@@ -24,7 +24,7 @@ MODELS = ["mlp", "cnn", "lenet5", "gpt_small", "nnx_mlp"]
 
 @functools.cache
 def reference(name):
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     args = ex.make_args(0)
     return ex, args, jax.jit(ex.step)(*args)
 

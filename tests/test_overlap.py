@@ -1,10 +1,10 @@
 """The overlapped step (`jaxpar.overlap`): compute and communication on two in-order streams."""
 
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 
 import jaxpar
-import models
 from jaxpar.cost.overlap import COMM, COMPUTE, Task, Timeline, list_schedule, schedule
 
 
@@ -154,7 +154,7 @@ def test_overlapped_step_lies_between_compute_and_eq1(name):
     weight-gradient all-reduces beside them) lie on the backward pass's critical path, and the
     list scheduler runs the weight gradients and the updates of the layers already reduced
     while they wait (in program order, nothing hid)."""
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     for strategy in ("auto", "data", "model", "fsdp"):
         plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="p100",
                            strategy=strategy)  # fmt: skip
@@ -177,7 +177,7 @@ def test_gradient_all_reduce_groups_hide_behind_the_backward_pass():
     """GPT-2 124M, data parallel: 30 MiB combined all-reduces, each issued after its last
     gradient, run beside the backward compute of the layers below; the last waits for the
     first layer's gradients."""
-    ex = models.get("gpt2_124m")
+    ex = zoo.get("gpt2_124m")
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="p100",
                        strategy="data", memory_budget=None)  # fmt: skip
     c = plan.cost
@@ -237,7 +237,7 @@ def test_overlap_lower_bound_is_below_every_sampled_plan():
 def test_overlap_objective_is_never_slower_than_the_eq1_plan_overlapped(name):
     """objective="overlap" runs the same searches (certified on Eq. 1) and keeps the candidate
     with the shortest overlapped step: never longer than the Eq. 1 plan's or a baseline's."""
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     kw = dict(mesh={"node": 2, "gpu": 4}, cluster="p100")
     eq1 = jaxpar.plan(ex.step, *ex.args, objective="time", **kw)
     ovl = jaxpar.plan(ex.step, *ex.args, **kw)  # the default
@@ -270,7 +270,7 @@ def test_overlap_objective_on_one_device_is_certified():
 def test_overlap_objective_under_a_memory_budget():
     """The budget's Lagrangian search compares plans by the same objective: under "overlap"
     every plan it prices reports its overlapped step, and the returned plan fits."""
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     kw = dict(mesh={"node": 2, "gpu": 4}, cluster="p100", objective="overlap")
     free = jaxpar.plan(ex.step, *ex.args, memory_budget=None, **kw)
     tight = jaxpar.plan(ex.step, *ex.args, memory_budget=0.6 * free.memory.peak, **kw)

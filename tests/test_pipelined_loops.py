@@ -10,6 +10,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import pytest
+from jaxpar_zoo.scanned import scanned_config, scanned_example
 
 import jaxpar
 from jaxpar.cost.kernels import node_kernels
@@ -17,7 +18,6 @@ from jaxpar.cost.step_timeline import pipelining
 from jaxpar.program.graph import SCAN_SLICE
 from jaxpar.runtime.auto_shard import warn_unpipelined
 from jaxpar.search.options import PIPELINER_FLAGS
-from models.scanned import scanned_config, scanned_example
 
 LAYERS, WIDTH, BATCH = 4, 512, 64
 MESH = {"data": 8}

@@ -5,13 +5,13 @@ import random
 import time
 
 import jax
+import jaxpar_zoo as zoo
 import numpy as np
 import pytest
 from helpers import assert_equivalent
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jaxpar
-import models
 from jaxpar.planner import plan_file
 from jaxpar.planner.pipeline import make_plan
 from jaxpar.planner.plan_file import PlanFileError, load_plan, loads
@@ -28,7 +28,7 @@ def _collectives(lowered):
 
 @pytest.fixture(scope="module")
 def mlp_file():
-    ex = models.get("mlp", small=True)
+    ex = zoo.get("mlp", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh=MESH, cluster="p100", strategy="model")
     assert plan.collectives and any(any(s) for s in plan.invar_specs)  # not all replicated
     return ex, plan, plan_file.dumps(plan)
@@ -38,7 +38,7 @@ def mlp_file():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt_small", "cnn"])
 def test_saved_plan_applies_like_a_fresh_one(name, tmp_path):
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     mesh = jaxpar.make_mesh(MESH)
     fresh = jaxpar.auto_shard(ex.step, mesh=mesh, cluster="p100")
     fresh_lowered = fresh.lower(*ex.args)
@@ -223,7 +223,7 @@ def test_bad_assignments_are_refused_at_application(mlp_file):
 @pytest.mark.numerics
 @pytest.mark.slow
 def test_exported_specs_run_with_plain_jit():
-    ex = models.get("gpt_small", small=True, batch=256)  # smaller, it runs best replicated
+    ex = zoo.get("gpt_small", small=True, batch=256)  # smaller, it runs best replicated
     mesh = jaxpar.make_mesh(MESH)
     step = jaxpar.auto_shard(ex.step, mesh=mesh, cluster="p100")
     step.lower(*ex.args)

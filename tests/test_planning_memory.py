@@ -10,10 +10,10 @@ import inspect
 import pkgutil
 import weakref
 
+import jaxpar_zoo as zoo
 import pytest
 
 import jaxpar
-import models
 
 pytestmark = pytest.mark.api
 
@@ -49,7 +49,7 @@ def test_a_dropped_plan_is_freed():
     """Nothing planning keeps across plans refers to a plan's program, nodes or tables: they
     go with the plan (a method's cache once held each run's reshard tables, and through them
     its whole program, until 65,536 other entries pushed it out)."""
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"data": 2, "model": 4}, cluster="p100")
     refs = {
         "program": weakref.ref(plan.program),

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import warnings
 
+import jaxpar_zoo as zoo
 import pytest
 
 import jaxpar
-import models
 from jaxpar.hardware import DeviceInfo, preset_sizing
 from jaxpar.hardware.cluster import Cluster
 from jaxpar.hardware.mesh_model import mesh_axes
@@ -230,7 +230,7 @@ def test_pod_scale_plan_puts_heaviest_collectives_on_the_fast_axis(
     cluster = Cluster.preset(name, **size)
     # 128 sequences per device: with fewer, this tiny model runs fastest mostly replicated
     # (per-kernel overheads do not shrink with the split)
-    ex = models.get("gpt_small", small=True, batch=128 * mesh[outer] * mesh[inner])
+    ex = zoo.get("gpt_small", small=True, batch=128 * mesh[outer] * mesh[inner])
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster)
     assert plan.mesh_axes.link_names[0] in ("dcn", "infiniband")
     assert plan.mesh_axes.link_names[1] in ("ici", "nvlink")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
+import jaxpar_zoo as zoo
 import pytest
 
 import jaxpar
-import models
 from jaxpar.planner import report
 
 pytestmark = pytest.mark.api
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.api
 
 @pytest.fixture(scope="module")
 def plans():
-    ex = models.get("gpt_small", small=True, batch=64)
+    ex = zoo.get("gpt_small", small=True, batch=64)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"data": 2, "model": 4}, cluster="p100")
     return {"auto": plan, **{n: plan.variant(n) for n in ("data", "model", "owt")}}
 

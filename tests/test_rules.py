@@ -473,9 +473,10 @@ def test_a_hand_written_kernel_splits_its_batch_over_the_automatic_axis(mesh, ca
     weight-gradient contractions over the split batch end in all-reduces over ``data``, which
     XLA combines into one, as predicted. Each body's work per device halves. Equal to the
     unsharded step in float64."""
+    from jaxpar_zoo.kernels import megatron_mlp_step
+
     from jaxpar.cost.node_costs import node_work
     from jaxpar.verify.compiled import fidelity
-    from models.kernels import megatron_mlp_step
 
     step = megatron_mlp_step(mesh)
     rs = np.random.RandomState(0)
@@ -1003,7 +1004,7 @@ def test_ragged_dot_splits_every_dim_but_the_ragged_and_group_dims():
 
 
 class _RaggedMoE:
-    """The zoo's dropless mixture of experts (`models.llama.MixtureOfExperts`: top-2 routing,
+    """The zoo's dropless mixture of experts (`jaxpar_zoo.llama.MixtureOfExperts`: top-2 routing,
     tokens sorted by expert, grouped matmuls, ``bincount`` rows per expert) on its own, and its
     Adam step (float64)."""
 
@@ -1011,8 +1012,7 @@ class _RaggedMoE:
 
     def __init__(self):
         import optax
-
-        from models.llama import MixtureOfExperts
+        from jaxpar_zoo.llama import MixtureOfExperts
 
         kw = {"dtype": jnp.float64, "param_dtype": jnp.float64}
         self.model = MixtureOfExperts(self.experts, 2, self.hidden, **kw)

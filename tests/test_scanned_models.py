@@ -9,16 +9,15 @@ import math
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 from helpers import assert_trains
+from jaxpar_zoo.llama import llama_config, llama_example
+from jaxpar_zoo.scanned import residual_mlp, scanned_config, scanned_example, stack_layers
 from test_llama import closed_form_params
-
-import models
-from models.llama import llama_config, llama_example
-from models.scanned import residual_mlp, scanned_config, scanned_example, stack_layers
 
 SCANNED_GPTS = ("gpt_scan_linen", "gpt_scan_nnx")
 
@@ -72,14 +71,14 @@ def _count(jaxpr, primitive: str) -> int:
     return count
 
 
-def _step_jaxpr(ex: models.Example):
+def _step_jaxpr(ex: zoo.Example):
     return jax.jit(ex.step).trace(*ex.args).jaxpr.jaxpr
 
 
 @pytest.mark.api
-@pytest.mark.parametrize("name", models.SCANNED)
+@pytest.mark.parametrize("name", zoo.SCANNED)
 def test_train_step_has_a_top_level_scan(name):
-    ex = models.get(name, small=True)
+    ex = zoo.get(name, small=True)
     jaxpr = _step_jaxpr(ex)
     lengths = _scan_lengths(jaxpr)
     if name == "gpt_unrolled_linen":
@@ -114,7 +113,7 @@ def test_llama_scan_layers_step_has_a_top_level_scan():
     ("name", "size"),
     [
         (name, size)
-        for name in models.SCANNED
+        for name in zoo.SCANNED
         for size in ("small", "full", "layers64")
         if size != "layers64" or name != "mlp_grad_accum"  # scans micro-batches, not layers
     ],
@@ -123,7 +122,7 @@ def test_param_counts(name, size):
     if size == "layers64":
         ex = scanned_example(name, scanned_config(name, layers=64))
     else:
-        ex = models.get(name, small=size == "small")
+        ex = zoo.get(name, small=size == "small")
     params = _params(ex.args[0])
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(ex.args))
     assert ex.config["params"] == CLOSED_FORM[name](ex.config)
@@ -136,7 +135,7 @@ def test_param_counts(name, size):
 
 @pytest.mark.closed_form
 def test_llama_scan_layers_param_count():
-    for name in models.LARGE:  # abstract, full size
+    for name in zoo.LARGE:  # abstract, full size
         cfg = llama_config(name, scan_layers=True)
         cfg["num_layers"] = 4  # keeps the unrolled comparison's abstract trace short
         scanned = llama_example(name, cfg)
@@ -149,9 +148,9 @@ def test_llama_scan_layers_param_count():
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("name", [n for n in models.SCANNED if n != "gpt_unrolled_linen"])
+@pytest.mark.parametrize("name", [n for n in zoo.SCANNED if n != "gpt_unrolled_linen"])
 def test_trains(name):
-    assert_trains(models.get(name, small=True))
+    assert_trains(zoo.get(name, small=True))
 
 
 def _lm_loss(logits, tokens):
@@ -176,9 +175,9 @@ def _assert_trees_close(got, want, rtol=1e-10, atol=1e-13):
 @pytest.mark.slow
 def test_gpt_scanned_linen_and_nnx_match_unrolled_in_float64():
     with jax.enable_x64(True):
-        unrolled = models.get("gpt_unrolled_linen", small=True, dtype=jnp.float64)
-        scanned = models.get("gpt_scan_linen", small=True, dtype=jnp.float64)
-        nnx_scanned = models.get("gpt_scan_nnx", small=True, dtype=jnp.float64)
+        unrolled = zoo.get("gpt_unrolled_linen", small=True, dtype=jnp.float64)
+        scanned = zoo.get("gpt_scan_linen", small=True, dtype=jnp.float64)
+        nnx_scanned = zoo.get("gpt_scan_nnx", small=True, dtype=jnp.float64)
         layers = unrolled.config["num_layers"]
         state, batch = unrolled.make_args(0)
         stacked = stack_layers(state.params, layers)
@@ -243,8 +242,8 @@ def test_llama_scan_layers_matches_unrolled_in_float64():
 @pytest.mark.numerics
 def test_grad_accum_matches_full_batch_step_in_float64():
     with jax.enable_x64(True):
-        accum = models.get("mlp_grad_accum", small=True, dtype=jnp.float64)
-        plain = models.get("mlp", small=True, dtype=jnp.float64)
+        accum = zoo.get("mlp_grad_accum", small=True, dtype=jnp.float64)
+        plain = zoo.get("mlp", small=True, dtype=jnp.float64)
         assert accum.config["features"] == plain.config["features"]
         state, batch = plain.make_args(0)
         assert jax.tree.structure(state.params) == jax.tree.structure(accum.args[0].params)
@@ -256,7 +255,7 @@ def test_grad_accum_matches_full_batch_step_in_float64():
 
 @pytest.mark.numerics
 def test_mlp_scan_lax_matches_a_python_loop():
-    ex = models.get("mlp_scan_lax", small=True)
+    ex = zoo.get("mlp_scan_lax", small=True)
     (params, _), batch = ex.make_args(0)
     h = batch["x"] @ params["embed"]["kernel"] + params["embed"]["bias"]
     for kernel, bias in zip(params["layers"]["kernel"], params["layers"]["bias"], strict=True):
@@ -271,7 +270,7 @@ def test_config_overrides():
     assert (cfg["num_layers"], cfg["batch"], cfg["seq_len"]) == (64, 4, 128)
     assert scanned_config("gpt_scan_linen")["num_layers"] == 12  # the stored config untouched
     assert scanned_config("gpt_scan_linen", small=True)["num_layers"] == 4
-    assert models.get("mlp_grad_accum", batch=32, small=True).args[1]["x"].shape == (32, 32)
+    assert zoo.get("mlp_grad_accum", batch=32, small=True).args[1]["x"].shape == (32, 32)
     with pytest.raises(KeyError, match="no config keys"):
         scanned_config("mlp_grad_accum", layers=2)
     with pytest.raises(KeyError, match="unknown scanned model"):
@@ -279,4 +278,4 @@ def test_config_overrides():
     with pytest.raises(ValueError, match="not divisible"):
         scanned_example("mlp_grad_accum", scanned_config("mlp_grad_accum", batch=18))
     assert llama_config("llama_small")["scan_layers"] is False
-    assert "block0" in models.get("llama_small", small=True).args[0].params
+    assert "block0" in zoo.get("llama_small", small=True).args[0].params

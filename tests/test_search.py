@@ -197,7 +197,6 @@ def test_graph_eliminates_decides_as_the_priced_problem(seed):
             assert graph_eliminates(tied_sizes, tied_pairs, table, enum) == want
 
 
-
 @pytest.mark.oracle
 def test_table_sizes_do_not_depend_on_set_order():
     """The log table size elimination orders nodes by is summed exactly: the graph-only

@@ -123,14 +123,14 @@ def test_shared_collective_prices_equal_each_nodes_own(objective):
     """`build_tables` prices a node's own collectives once for all nodes alike
     (`cost.own_comm_costs`' memo): every unary table equals the one priced node by node,
     bit for bit, on a transformer (alike layers) and a CNN (halo nodes, never shared)."""
+    import jaxpar_zoo as zoo
     import numpy as np
 
     import jaxpar
-    import models
     from jaxpar.cost.search_tables import node_tables
 
     for name, mesh in (("gpt_small", {"data": 2, "model": 4}), ("cnn", {"a": 2, "b": 2, "c": 2})):
-        ex = models.get(name, small=True)
+        ex = zoo.get(name, small=True)
         plan = jaxpar.plan(
             ex.step, *ex.args, mesh=mesh, cluster="p100", objective=objective, memory_budget=None
         )
@@ -151,14 +151,14 @@ def test_read_diagonals_and_shared_tied_tables_equal_the_full_ones():
     the diagonal of its full table (built after, in a fresh cache), and `Tying.reduce` reusing
     the tied tables of a problem with the same edges (`Tying.reduce_tables`) equals reducing
     from scratch, for other unary tables too (the combined-sync candidate's)."""
+    import jaxpar_zoo as zoo
     import numpy as np
 
     import jaxpar
-    import models
     from jaxpar.cost.search_tables import ReshardTables
     from jaxpar.nodes.repeated_blocks import find_repeats
 
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 2, "c": 2}, cluster="p100")
     tables = plan.tables
     fresh = ReshardTables(plan.ng, tables.configs, plan.params)
@@ -193,14 +193,14 @@ def test_combined_sync_savings_shared_by_alike_nodes_equal_each_nodes_own():
     """`combined_sync_problem` prices the latency a layer's copies save once for nodes alike:
     every unary table equals the one priced node by node (`tables._latency_saved`), bit for
     bit, on a GPT over three mesh axes; some nodes save."""
+    import jaxpar_zoo as zoo
     import numpy as np
 
     import jaxpar
-    import models
     from jaxpar.cost.search_tables import _latency_saved, combined_sync_problem
     from jaxpar.program.graph import BACKWARD
 
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 2, "c": 2}, cluster="dgx-h100")
     ctx = plan.eval_context()
     combined = combined_sync_problem(ctx.ng, ctx.tables, ctx.params, ctx.batch, ctx.combiner)
@@ -243,10 +243,10 @@ def test_compute_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
     every hand plan; `choose` evaluates a hand plan only when its floor is below the plan it
     chose, and one read later is priced exactly as `evaluate` prices it (with a memo of its
     own: the plan keeps none of the search's)."""
+    import jaxpar_zoo as zoo
     import numpy as np
 
     import jaxpar
-    import models
     from jaxpar.cost.evaluation import evaluate
     from jaxpar.search import candidates as choose
 
@@ -258,7 +258,7 @@ def test_compute_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
 
     monkeypatch.setattr(choose, "evaluate", counted)
     if case == "mlp":
-        ex = models.get("mlp")
+        ex = zoo.get("mlp")
         step, args, options = ex.step, ex.args, None
     else:
         step, args = _scanned_mlp()
@@ -327,12 +327,12 @@ def test_arguments_exceed_only_plans_that_cannot_fit():
     whose arguments alone pass the budget) sums what `estimate` counts of the arguments, so
     it holds exactly when that sum passes the budget less its margin, and such a plan never
     fits; checked on 200 sampled plans at budgets just either side of each sum."""
+    import jaxpar_zoo as zoo
     import numpy as np
 
     import jaxpar
-    import models
 
-    ex = models.get("gpt_small", small=True)
+    ex = zoo.get("gpt_small", small=True)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"a": 2, "b": 4}, cluster="dgx-h100",
                        memory_budget=None)  # fmt: skip
     model = plan.memory_model
@@ -358,12 +358,13 @@ def test_budget_evaluates_hand_plans_only_when_needed(name, small, fraction, mon
     """The memory budget's search evaluates a hand plan only when `best_fit` reaches its
     compute floor (and its arguments may fit): the plan, its cost and its peak are those of
     evaluating every hand plan first, with no more evaluations."""
+    import jaxpar_zoo as zoo
+
     import jaxpar
-    import models
     from jaxpar.search import candidates as choose
     from jaxpar.search import memory_budget as budget
 
-    ex = models.get(name, small=small)
+    ex = zoo.get(name, small=small)
     kw = dict(mesh={"a": 2, "b": 4}, cluster="dgx-h100")
     free = jaxpar.plan(ex.step, *ex.args, memory_budget=None, **kw)
     calls = []

@@ -11,11 +11,11 @@ import functools
 import math
 
 import jax
+import jaxpar_zoo as zoo
 import pytest
 from helpers import assert_equivalent
 
 import jaxpar
-import models
 
 MESH = {"data": 2, "model": 4}
 
@@ -40,7 +40,7 @@ RTOL = {
 
 @functools.cache
 def _small(name):
-    return models.get(name, small=True)
+    return zoo.get(name, small=True)
 
 
 def _two_steps(step, state, batch):
@@ -59,7 +59,7 @@ def _reference(name):
 # One model per family: VGG-11/13/19 and ResNet-34 repeat VGG-16's and ResNet-18's layers at
 # another depth (same primitives, same rules; their plans are in the goldens, and the full-size
 # ones plan below), and cost the suite minutes of compiling.
-NUMERICS_NAMES = tuple(n for n in models.NAMES if n not in ("vgg11", "vgg13", "vgg19", "resnet34"))
+NUMERICS_NAMES = tuple(n for n in zoo.NAMES if n not in ("vgg11", "vgg13", "vgg19", "resnet34"))
 
 
 # "auto": the planner's own choice (on these tiny models mostly replicated, i.e. no
@@ -84,16 +84,16 @@ def test_small_auto_shard_matches_unsharded(name, strategy):
 
 @pytest.mark.api
 @pytest.mark.slow
-@pytest.mark.parametrize("name", models.NAMES)
+@pytest.mark.parametrize("name", zoo.NAMES)
 def test_full_size_plans_abstractly(name):
-    ex = models.get(name)
+    ex = zoo.get(name)
     plan = jaxpar.plan(ex.step, *ex.args, mesh={"data": 4, "model": 4}, cluster="p100")
     assert plan.stats["equations"] > 0
     assert math.isfinite(plan.cost.step_s) and plan.cost.step_s > 0
 
 
 @pytest.mark.api
-@pytest.mark.parametrize("name", models.NAMES)
+@pytest.mark.parametrize("name", zoo.NAMES)
 def test_every_primitive_has_a_sharding_rule(name):
     # No equation may fall back to the replicated rule (unknown primitive, scan, custom call...).
     from jaxpar.rules import table as rules

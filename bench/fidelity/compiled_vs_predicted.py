@@ -27,8 +27,9 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+import jaxpar_zoo as zoo
+
 import jaxpar
-import models
 from jaxpar.hardware.collectives import transfer_time
 from jaxpar.verify.compiled import compiled_collectives
 
@@ -62,7 +63,7 @@ def main() -> None:
     mesh = jaxpar.make_mesh(MESH)
     rows = []
     for name in MODELS:
-        ex = models.get(name, small=True)
+        ex = zoo.get(name, small=True)
         row = {"model": name}
         for strategy in ("auto", "data"):
             step = jaxpar.auto_shard(

@@ -37,9 +37,9 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+import jaxpar_zoo as zoo
 
 import jaxpar
-import models
 from jaxpar.cost.node_costs import plan_work
 from jaxpar.nodes.configs import dim_degrees
 from jaxpar.program.graph import REGION_PRIMITIVES
@@ -156,7 +156,7 @@ def unfused_bytes(plan, loops: bool) -> float:
 
 
 def compare(name: str, mesh_axes: dict, strategy: str, small: bool = True) -> dict:
-    ex = models.get(name, small=small)
+    ex = zoo.get(name, small=small)
     mesh = jaxpar.make_mesh(mesh_axes)
     started = time.perf_counter()
     step = jaxpar.auto_shard(ex.step, mesh=mesh, strategy=strategy, objective=OBJECTIVE)

@@ -19,8 +19,9 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+import jaxpar_zoo as zoo
+
 import jaxpar
-import models
 from jaxpar.verify.compiled import fidelity
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
@@ -39,7 +40,7 @@ def main() -> None:
     rows = []
     print(f"{'model':<10} {'mesh':<26} {'strategy':<8} {'pred KB':>10} {'HLO KB':>10} {'error':>7}")
     for name in MODELS:
-        ex = models.get(name, small=True)
+        ex = zoo.get(name, small=True)
         for mesh_axes in MESHES:
             mesh = jaxpar.make_mesh(mesh_axes)
             for strategy in ("auto", "data", "model", "owt"):

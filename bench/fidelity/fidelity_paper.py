@@ -25,9 +25,9 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+import jaxpar_zoo as zoo
 
 import jaxpar
-import models
 from jaxpar.verify.compiled import compiled_collectives, fidelity
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
@@ -74,7 +74,7 @@ def by_kind_group(pred, hlo) -> dict:
 
 
 def run_case(name: str, n: int, strategy: str, batch: int) -> dict:
-    ex = models.get(name, batch=batch)
+    ex = zoo.get(name, batch=batch)
     mesh = jaxpar.make_mesh(MESHES[n], devices=jax.devices()[:n])
     step = jaxpar.auto_shard(
         ex.step,

@@ -53,10 +53,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 import numpy as np
 
 import jaxpar
-import models
 from jaxpar.cost.contraction_calls import plan_calls
 from jaxpar.cost.kernels import node_kernels
 from jaxpar.cost.node_costs import node_work
@@ -399,7 +399,7 @@ def in_step_layer_seconds(
 
 def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Plan `name` twice (datasheet, calibration), time every layer group and the whole step."""
-    ex = models.get(name, small=args.small)
+    ex = zoo.get(name, small=args.small)
     mesh = jaxpar.make_mesh({"data": 1})
     started = time.perf_counter()
     plans = {

@@ -31,10 +31,10 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
+import jaxpar_zoo as zoo
 from layer_compute import block_rows, op_layer, predicted_by_equation_layer, summarize
 
 import jaxpar
-import models
 from jaxpar.cost.contraction_calls import TABLE_PRIMITIVES
 from jaxpar.cost.kernels import node_kernels
 from jaxpar.cost.node_costs import node_work
@@ -50,7 +50,7 @@ PAPER_1GPU = {"alexnet": 0.01, "vgg16": 0.00, "inception_v3": 0.01}
 
 def reprice(result: dict) -> dict:
     """The stored layers of one model with the current model's in-step predictions."""
-    ex = models.get(result["model"], small=result["small"])
+    ex = zoo.get(result["model"], small=result["small"])
     known = {r["layer"] for r in result["layers"]}
     rows = [
         {k: r[k] for k in ("layer", "gflop", "in_step_ms")} | {"then_ms": r["calibrated_eqn_ms"]}

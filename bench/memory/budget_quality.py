@@ -27,15 +27,15 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+import jaxpar_zoo as zoo
 import numpy as np
+from jaxpar_zoo.llama import llama_config, llama_example
 
 import jaxpar
-import models
 from jaxpar.cost.evaluation import evaluate
 from jaxpar.search.memory_budget import _Proxy
 from jaxpar.solver.descent import solve
 from jaxpar.solver.problem import Problem
-from models.llama import llama_config, llama_example
 
 CASES = [
     ("gpt_small", (0.95, 0.9, 0.8, 0.7, 0.5)),
@@ -58,8 +58,8 @@ def setup(name: str):
         cfg = llama_config("llama3_70b", remat=True, batch=64, seq_len=2048, scan_layers=True)
         return llama_example("llama3_70b", cfg), {"node": 8, "gpu": 8}, "dgx-h100"
     if name in ("gpt2_124m", "resnet18"):
-        return models.get(name), {"a": 4, "b": 4}, "p100"
-    return models.get(name, small=True), {"data": 2, "model": 4}, "p100"
+        return zoo.get(name), {"a": 4, "b": 4}, "p100"
+    return zoo.get(name, small=True), {"data": 2, "model": 4}, "p100"
 
 
 DENSE = ("gpt_small", "llama3_8b_scan", "llama3_70b_scan")  # the cases ``--dense`` sweeps

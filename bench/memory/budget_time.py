@@ -35,10 +35,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+import jaxpar_zoo as zoo
+from jaxpar_zoo.llama import llama_config, llama_example
 
 import jaxpar
-import models
-from models.llama import llama_config, llama_example
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").
@@ -51,7 +51,7 @@ GB = 1e9
 def setup(name: str) -> dict:
     """The step, its arguments, mesh, cluster, and how the binding budget is chosen."""
     if name == "gpt_small":
-        ex = models.get("gpt_small", small=True)
+        ex = zoo.get("gpt_small", small=True)
         return dict(ex=ex, mesh={"data": 2, "model": 4}, cluster="p100", budget=0.7)
     if name == "llama3_8b_scan":
         cfg = llama_config("llama3_8b", remat=True, scan_layers=True)

@@ -40,10 +40,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+import jaxpar_zoo as zoo
+from jaxpar_zoo.llama import llama_config, llama_example
 
 import jaxpar
-import models
-from models.llama import llama_config, llama_example
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").
@@ -93,7 +93,7 @@ def display_key(c: dict) -> tuple:
 
 def example(c: dict):
     if c["model"] == "gpt2_1b3":
-        return models.get("gpt2_1b3", batch=c["batch"])  # fp32 (zoo default), context 1024
+        return zoo.get("gpt2_1b3", batch=c["batch"])  # fp32 (zoo default), context 1024
     cfg = llama_config(c["model"], remat=c["remat"], batch=c["batch"], seq_len=c["seq_len"])
     return llama_example(c["model"], cfg)  # bf16 compute, fp32 master weights
 

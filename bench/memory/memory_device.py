@@ -44,12 +44,12 @@ CASES: dict[str, tuple[str, int | None, int | None, int | None, bool]] = {
 
 
 def example(case: str) -> Any:
-    import models
-    from models.llama import llama_config, llama_example
+    import jaxpar_zoo as zoo
+    from jaxpar_zoo.llama import llama_config, llama_example
 
     name, layers, batch, seq, remat = CASES[case]
     if layers is None:
-        return models.get(name)
+        return zoo.get(name)
     cfg = llama_config(name, remat=remat, batch=batch, seq_len=seq)
     cfg["num_layers"] = layers
     return llama_example(name, cfg)

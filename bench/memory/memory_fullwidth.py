@@ -21,9 +21,9 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 import jax
+from jaxpar_zoo.llama import llama_config, llama_example
 
 import jaxpar
-from models.llama import llama_config, llama_example
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").

@@ -75,12 +75,12 @@ def peak_bytes(who: int = resource.RUSAGE_SELF) -> int:
 def build(name: str):
     """The case's step (bf16 compute, remat; the MaxText-style model scans its remat layers
     under its own logical constraints, MaxText's default rules) and its mesh."""
-    import models
-    from models.llama import llama_config, llama_example
+    import jaxpar_zoo as zoo
+    from jaxpar_zoo.llama import llama_config, llama_example
 
     model, mesh, scanned, _ = CASES[name]
     if model.startswith("maxtext"):
-        return models.get(model), mesh
+        return zoo.get(model), mesh
     ex = llama_example(model, llama_config(model, remat=True, scan_layers=scanned))
     return ex, mesh
 

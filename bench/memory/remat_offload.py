@@ -2,7 +2,7 @@
 
 Llama 3 8B (bf16 compute, fp32 master weights, AdamW), 256 x 4096 tokens, 64 H100s (node=8,
 gpu=8, dgx-h100), planned abstractly with the default budget (80 GB less the reserve) for each
-of MaxText's remat policies (`models.llama.REMAT_POLICIES`): none (no remat), ``full``
+of MaxText's remat policies (`jaxpar_zoo.llama.REMAT_POLICIES`): none (no remat), ``full``
 (nothing saved), ``minimal`` (the projections' results saved on the device),
 ``minimal_offloaded`` (those results offloaded to the host's pinned memory and brought back for
 the backward pass), ``save_qkv_proj`` (the query, key and value projections, by checkpoint
@@ -28,9 +28,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+from jaxpar_zoo.llama import llama_config, llama_example
 
 import jaxpar
-from models.llama import llama_config, llama_example
 
 MESH = {"node": 8, "gpu": 8}
 CLUSTER = "dgx-h100"

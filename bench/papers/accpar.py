@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import jax.numpy as jnp
+import jaxpar_zoo as zoo
 
 import jaxpar
-import models
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").
@@ -61,7 +61,7 @@ def run_case(name: str, array: str) -> dict:
     preset, mesh = ARRAYS[array]
     devices = math.prod(mesh.values())
     cluster = jaxpar.Cluster.preset(preset, devices=devices)
-    ex = models.get(name, batch=512, dtype=jnp.bfloat16)
+    ex = zoo.get(name, batch=512, dtype=jnp.bfloat16)
     t0 = time.perf_counter()
     auto = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster, objective=OBJECTIVE)
     hypar = jaxpar.plan(

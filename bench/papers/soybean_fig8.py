@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import jax
 import jax.numpy as jnp
 import optax
+from jaxpar_zoo.mlp import mlp_example
 
 import jaxpar
-from models.mlp import mlp_example
 
 MESHES = {2: {"x": 2}, 4: {"x": 2, "y": 2}, 8: {"x": 2, "y": 4}}
 BATCHES = (512, 2048)

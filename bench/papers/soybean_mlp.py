@@ -20,9 +20,9 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+import jaxpar_zoo as zoo
 
 import jaxpar
-import models
 from jaxpar.verify.compiled import compiled_collectives
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    ex = models.get("soybean_mlp")
+    ex = zoo.get("soybean_mlp")
     step_args = ex.make_args(0)
     mesh = jaxpar.make_mesh({"x": 4, "y": 4})
     unsharded = flops_of(jax.jit(ex.step).lower(*step_args).compile())

@@ -48,10 +48,10 @@ from collections import defaultdict
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+import jaxpar_zoo as zoo
 from jax.sharding import PartitionSpec
 
 import jaxpar
-import models
 from jaxpar.cli.main import layer_table
 from jaxpar.hardware.collectives import ring_steps
 
@@ -318,7 +318,7 @@ def run(args) -> dict:
         results["models"][name] = mres
         for n in args.gpus:
             batch = PER_GPU_BATCH * n
-            ex = models.get(name, batch=batch)
+            ex = zoo.get(name, batch=batch)
             t0 = time.perf_counter()
             plan = plan_case(ex, n)
             wall = time.perf_counter() - t0

@@ -21,10 +21,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+import jaxpar_zoo as zoo
 import numpy as np
 
 import jaxpar
-import models
 from jaxpar.cost.evaluation import evaluate
 from jaxpar.planner.plan import with_assignment
 from jaxpar.search.candidates import Choice
@@ -145,7 +145,7 @@ def summary(plan) -> dict:
 
 def run() -> dict:
     cluster = jaxpar.Cluster.preset("p100", devices=4)
-    ex = models.get("vgg16", batch=BATCH)
+    ex = zoo.get("vgg16", batch=BATCH)
     res: dict = {"batch": BATCH, "cluster": "p100", "meshes": MESHES, "plans": {}}
     t_all = time.perf_counter()
     for mname, mesh in MESHES.items():

@@ -1,6 +1,6 @@
 """The optimality certificate on the full-size zoo (issue 8).
 
-For every model of `models.NAMES` on the benchmark meshes (one P100 node, mesh gpu=4, and four
+For every model of `zoo.NAMES` on the benchmark meshes (one P100 node, mesh gpu=4, and four
 nodes, mesh node=4,gpu=4; batch 32 per GPU for the CNNs, 4 sequences per GPU for the GPTs and
 ViT): auto's reported cost, whether it is certified, the exact lower bound when elimination is
 exact, k-cut's plan and the baselines. The promise checked: no plan reports less than an auto plan
@@ -19,8 +19,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+import jaxpar_zoo as zoo
+
 import jaxpar
-import models
 
 SETUPS = [{"gpu": 4}, {"node": 4, "gpu": 4}]
 SEQUENCE_MODELS = ("gpt", "vit", "nnx")
@@ -32,7 +33,7 @@ def batch_for(name: str, devices: int) -> int:
 
 def measure(name: str, mesh: dict) -> dict:
     devices = math.prod(mesh.values())
-    ex = models.get(name, batch=batch_for(name, devices))
+    ex = zoo.get(name, batch=batch_for(name, devices))
     cluster = jaxpar.Cluster.preset("p100", devices=devices)
     t0 = time.perf_counter()
     plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster)
@@ -91,7 +92,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
     parser.add_argument("--md")
-    parser.add_argument("--models", nargs="*", default=list(models.NAMES))
+    parser.add_argument("--models", nargs="*", default=list(zoo.NAMES))
     args = parser.parse_args()
     rows = []
     for name in args.models:

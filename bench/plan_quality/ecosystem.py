@@ -1,6 +1,6 @@
 """Models from the ecosystem's libraries, planned as written (issue 47): a table per model.
 
-For each model of `models.ecosystem` (Equinox, unrolled and scanned; Hugging Face
+For each model of `jaxpar_zoo.ecosystem` (Equinox, unrolled and scanned; Hugging Face
 transformers' Flax Llama, GPT-2, BERT and T5; all built from small configs, random weights):
 
 - numerics: the planned step against the unsharded one in float64, max |difference|;
@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import jax
 import jax.numpy as jnp
+from jaxpar_zoo import ecosystem
 
 import jaxpar
 from jaxpar.verify.compiled import fidelity
-from models import ecosystem
 
 MESH = {"data": 2, "model": 4}
 CLUSTER = "dgx-h100"

@@ -1,6 +1,6 @@
 """SoyBean's k-cut against joint elimination, on the same cost tables, for every zoo model.
 
-For each model (full size, ``models.get(name)``), cluster/mesh and objective, one plan with
+For each model (full size, ``zoo.get(name)``), cluster/mesh and objective, one plan with
 ``search="kcut"`` runs both searches (the planner always runs the other one for its comparison):
 k-cut (one exact DP per mesh axis, slowest link first) and joint elimination (exact when the
 graph eliminates within budget, else block coordinate descent from the data/model/OWT plans).
@@ -28,8 +28,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+import jaxpar_zoo as zoo
+
 import jaxpar
-import models
 
 SETUPS = [
     ("p100", {"node": 4, "gpu": 4}),
@@ -124,7 +125,7 @@ def rewrite_md(json_path: str, md_path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", nargs="*", default=list(models.NAMES))
+    parser.add_argument("--models", nargs="*", default=list(zoo.NAMES))
     parser.add_argument("--small", nargs="*", default=[], help="models to run at small size")
     parser.add_argument("--json", default=None)
     parser.add_argument("--md", default=None)
@@ -132,7 +133,7 @@ def main() -> None:
     rows = []
     for name in args.models:
         small = name in args.small
-        ex = models.get(name, small=small)
+        ex = zoo.get(name, small=small)
         for cluster_name, mesh in SETUPS:
             for objective in OBJECTIVES:
                 r = measure(name, ex, cluster_name, mesh, objective)

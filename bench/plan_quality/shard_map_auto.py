@@ -23,10 +23,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import jax.numpy as jnp
+from jaxpar_zoo.kernels import megatron_mlp_step
 
 import jaxpar
 from jaxpar.cost.evaluation import evaluate
-from models.kernels import megatron_mlp_step
 
 TOKENS, D, FF = 65536, 4096, 16384
 CLUSTERS = ["dgx-h100", "p100"]

@@ -1,6 +1,6 @@
 """Plan quality of the zoo: the auto plan's predicted step time per model, to compare revisions.
 
-Plans every paper model (``models.NAMES``, full size, default batch) abstractly on a 2-node P100
+Plans every paper model (``zoo.NAMES``, full size, default batch) abstractly on a 2-node P100
 mesh (node=2, gpu=4) and on 4x4, and writes the predicted step time, the data-parallel baseline's
 and whether the plan is certified. Run it on two revisions and give both files to ``--compare``:
 
@@ -27,14 +27,15 @@ MESHES = [{"node": 2, "gpu": 4}, {"a": 4, "b": 4}]
 
 
 def measure(objective: str | None) -> list[dict]:
+    import jaxpar_zoo as zoo
+
     import jaxpar
-    import models
 
     given = {} if objective is None else {"objective": objective}
     rows = []
     for mesh in MESHES:
-        for name in models.NAMES:
-            ex = models.get(name)
+        for name in zoo.NAMES:
+            ex = zoo.get(name)
             t0 = time.perf_counter()
             plan = jaxpar.plan(
                 ex.step, *ex.args, mesh=mesh, cluster="p100", memory_budget=None, **given

@@ -4,7 +4,7 @@ GShard's capacity dispatch, on DGX H100 meshes.
 ``mixtral_8x7b`` (``models/llama.py``, 46.7 B parameters: 32 blocks, each MLP 8 SwiGLU experts
 of 14,336, top 2), per-block remat, blocks scanned, 64 x 4,096 tokens per step (bfloat16
 compute, float32 master weights, AdamW). Two ways to run the experts, with the same parameters
-(`models.llama.MixtureOfExperts`):
+(`jaxpar_zoo.llama.MixtureOfExperts`):
 
 - dropless: tokens sorted by expert, grouped matmuls (``jax.lax.ragged_dot``), whose token and
   expert dims XLA's partitioner keeps whole;
@@ -28,9 +28,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+from jaxpar_zoo.llama import llama_config, llama_example
 
 import jaxpar
-from models.llama import llama_config, llama_example
 
 sys.path.insert(0, os.path.dirname(__file__))
 from scanned import best_fitting_hand_plan

@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import numpy as np
+from jaxpar_zoo.transformer import gpt2_config, gpt_example
 
 import jaxpar
-from models.transformer import gpt2_config, gpt_example
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").

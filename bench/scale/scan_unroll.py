@@ -25,10 +25,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
 import numpy as np
+from jaxpar_zoo.scanned import scanned_config, scanned_example
 
 import jaxpar
 from jaxpar.verify.compiled import fidelity
-from models.scanned import scanned_config, scanned_example
 
 UNROLLS = (1, 2, 3, 4, 6, 12)
 SMALL_UNROLLS = (1, 2, 4)

@@ -27,11 +27,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+import jaxpar_zoo as zoo
+from jaxpar_zoo.llama import llama_config, llama_example
+from jaxpar_zoo.scanned import scanned_config, scanned_example
 
 import jaxpar
-import models
-from models.llama import llama_config, llama_example
-from models.scanned import scanned_config, scanned_example
 
 DEPTHS = [4, 12, 64]
 GPT_MESH = {"node": 8, "gpu": 8}
@@ -130,7 +130,7 @@ def main() -> None:
     if "c" in args.parts:
         out["zoo"] = []
         for name, mesh in ZOO_CASES:
-            r = plan_row(models.get(name), mesh, "p100", args.objective)
+            r = plan_row(zoo.get(name), mesh, "p100", args.objective)
             r.update(model=name)
             out["zoo"].append(r)
             show(f"{name} {mesh}", r)

@@ -6,10 +6,10 @@ abstract. For each depth and objective, four plans:
 
 * each version's own plan (searched);
 * the unrolled step with every argument pinned to the scanned plan's layout (a stacked
-  parameter's spec without its layer entry, for every layer: ``models.scanned.unstacked_specs``),
-  the rest searched;
+  parameter's spec without its layer entry, for every layer:
+  ``jaxpar_zoo.scanned.unstacked_specs``), the rest searched;
 * the scanned step pinned to the unrolled plan's argument layouts (only where every layer got
-  the same layout, as the tied search gives: ``models.scanned.stacked_specs``), the rest
+  the same layout, as the tied search gives: ``jaxpar_zoo.scanned.stacked_specs``), the rest
   searched.
 
 If a version's own plan is no worse than the other's layouts on its program, its search did not
@@ -28,9 +28,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+from jaxpar_zoo.scanned import scanned_config, scanned_example, stacked_specs, unstacked_specs
 
 import jaxpar
-from models.scanned import scanned_config, scanned_example, stacked_specs, unstacked_specs
 
 DEPTHS = (4, 12)
 OBJECTIVES = ("time", "overlap")

@@ -21,9 +21,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+from jaxpar_zoo.scanned import scanned_config, scanned_example
 
 import jaxpar
-from models.scanned import scanned_config, scanned_example
 
 MESH = {"node": 8, "gpu": 8}
 MODELS = ("gpt_scan_linen", "gpt_unrolled_linen")

@@ -23,12 +23,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 
 import jax
+from jaxpar_zoo.llama import llama_config, llama_example
+from jaxpar_zoo.scanned import scanned_config, scanned_example
 from test_pipelined_loops import MESH as MLP_MESH
 from test_pipelined_loops import _args, _scanned_step, _unrolled_step
 
 import jaxpar
-from models.llama import llama_config, llama_example
-from models.scanned import scanned_config, scanned_example
 
 MESH = {"node": 8, "gpu": 8}
 SHOWN = ("auto", "data", "fsdp", "fsdp_tp")

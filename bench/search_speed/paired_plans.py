@@ -32,8 +32,9 @@ STAGES = ("trace_s", "graph_s", "cost_s", "search_s")
 
 def one(root: str, model: str, mesh_text: str) -> None:
     sys.path.insert(0, root)
+    from jaxpar_zoo.llama import llama_config, llama_example
+
     import jaxpar
-    from models.llama import llama_config, llama_example
 
     if not jaxpar.__file__.startswith(os.path.abspath(root)):
         raise SystemExit(f"imported {jaxpar.__file__}, not the revision in {root}")

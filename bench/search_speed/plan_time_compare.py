@@ -24,11 +24,12 @@ OBJECTIVE = "time"
 def main() -> None:
     tree, name, mesh_text, batch, cluster_name, runs = sys.argv[1:7]
     sys.path.insert(0, tree)  # the checkout to measure
+    import jaxpar_zoo as zoo
+
     import jaxpar
-    import models
 
     mesh = ast.literal_eval(mesh_text)
-    ex = models.get(name, batch=int(batch))
+    ex = zoo.get(name, batch=int(batch))
     devices = 1
     for size in mesh.values():
         devices *= size

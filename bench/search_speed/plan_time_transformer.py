@@ -20,9 +20,9 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+from jaxpar_zoo.transformer import gpt_example
 
 import jaxpar
-from models.transformer import gpt_example
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").

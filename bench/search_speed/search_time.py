@@ -26,9 +26,9 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax
+import jaxpar_zoo as zoo
 
 import jaxpar
-import models
 
 # The objective the committed results were planned with: OptCNN Eq. 1 ("time", the planner's
 # default until 2026-11-24; the default is now "overlap").
@@ -47,7 +47,7 @@ def measure(name: str, mesh_axes: dict, nodes: int) -> dict:
     devices = 1
     for size in mesh_axes.values():
         devices *= size
-    ex = models.get(name, batch=batch_for(name, devices))
+    ex = zoo.get(name, batch=batch_for(name, devices))
     cluster = jaxpar.Cluster.preset("p100", devices=devices)
     mesh = jaxpar.make_mesh(mesh_axes, devices=jax.devices()[:devices])
     # no memory budget: OptCNN's search has none, and on simulated CPU devices the model's

@@ -250,14 +250,14 @@ def check_plot(path: str) -> None:
 
 def check_model(name: str) -> str:
     """The zoo model `name`, or ValueError listing the models (and suggesting the nearest)."""
-    import models
+    import jaxpar_zoo as zoo
 
-    known = models.registered_names()
+    known = zoo.registered_names()
     if name not in known:
         raise ValueError(
             f"unknown model {name!r}{did_you_mean(name, known)}; models: "
-            f"{', '.join(models.NAMES)}; large decoders: {', '.join(models.LARGE)}; small test "
-            f"models: {', '.join(models.EXTRA)}"
+            f"{', '.join(zoo.NAMES)}; large decoders: {', '.join(zoo.LARGE)}; small test "
+            f"models: {', '.join(zoo.EXTRA)}"
         )
     return name
 
@@ -272,7 +272,7 @@ class DecoderBuild:
     scan: bool = False
     capacity: float | None = None
     seq_len: int | None = None  # tokens per sequence (None: the model's)
-    remat_policy: str | None = None  # what remat keeps (`models.llama.REMAT_POLICIES`)
+    remat_policy: str | None = None  # what remat keeps (`jaxpar_zoo.llama.REMAT_POLICIES`)
 
     def words(self) -> tuple[str, ...]:
         """For the title line: ``("remat", "scanned layers", "capacity 1.25", "8192 tokens
@@ -325,9 +325,9 @@ def check_decoder_build(
     """`DecoderBuild` for --remat / --remat-policy / --scan-layers / --capacity-factor /
     --seq-len, or ValueError when ``name`` is not one of the large decoders (the Llama family:
     only they build their blocks either way), has no mixture of experts for --capacity-factor,
-    or the policy is not one of `models.llama.REMAT_POLICIES` (a policy turns remat on)."""
-    import models
-    from models.llama import CONFIGS, REMAT_POLICIES
+    or the policy is not one of `jaxpar_zoo.llama.REMAT_POLICIES` (a policy turns remat on)."""
+    import jaxpar_zoo as zoo
+    from jaxpar_zoo.llama import CONFIGS, REMAT_POLICIES
 
     if remat_policy is not None and remat_policy not in REMAT_POLICIES:
         raise ValueError(
@@ -342,11 +342,11 @@ def check_decoder_build(
         flags = " and ".join(given)
         raise ValueError(
             f"{flags} {'apply' if len(given) > 1 else 'applies'} to the large decoders "
-            f"({', '.join(models.LARGE)}); {name!r} is built one way only: drop "
+            f"({', '.join(zoo.LARGE)}); {name!r} is built one way only: drop "
             f"{'them' if len(given) > 1 else 'the flag'}"
         )
     if capacity is not None and not CONFIGS[name][1].get("num_experts"):
-        moes = [n for n in models.LARGE if CONFIGS[n][1].get("num_experts")]
+        moes = [n for n in zoo.LARGE if CONFIGS[n][1].get("num_experts")]
         raise ValueError(
             f"--capacity-factor applies to a mixture of experts ({', '.join(moes)}); {name!r} "
             "has none: drop the flag"
@@ -445,10 +445,10 @@ def zoo_example(
 
     def example(batch: int | None) -> Any:
         if build == DecoderBuild():
-            import models
+            import jaxpar_zoo as zoo
 
-            return models.get(name, batch=batch, small=small, dtype=dtype)
-        from models.llama import llama_config, llama_example
+            return zoo.get(name, batch=batch, small=small, dtype=dtype)
+        from jaxpar_zoo.llama import llama_config, llama_example
 
         cfg = llama_config(
             name, small, remat=build.remat, batch=batch, seq_len=build.seq_len,

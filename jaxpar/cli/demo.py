@@ -45,14 +45,14 @@ def run_demo(args: argparse.Namespace) -> int:
 def small_part(steps: int) -> None:
     """Train the small GPT sharded and unsharded; show the plan and the compiled collectives."""
     import jax
+    import jaxpar_zoo as zoo
 
     import jaxpar
-    import models
 
     from ..planner import report
 
     name, batch, axes, cluster = SMALL
-    ex = models.get(name, small=True, batch=batch)
+    ex = zoo.get(name, small=True, batch=batch)
     mesh = jaxpar.make_mesh(axes, devices=jax.devices()[:8])
     print(
         f"== 1. {name} (2 blocks, d=64), batch {batch}, mesh data=2 x model=4 priced as 2 nodes "
@@ -114,13 +114,14 @@ def collectives_table(plan: Any, compiled: Any) -> str:
 
 def big_part() -> None:
     """Plan GPT-2 1.3B for 64 H100s abstractly; compare with the hand plans and explain."""
+    import jaxpar_zoo as zoo
+
     import jaxpar
-    import models
 
     from ..planner import report
 
     name, batch, axes, cluster = BIG
-    ex = models.get(name, batch=batch)
+    ex = zoo.get(name, batch=batch)
     print(
         f"== 2. {name} (24 blocks, d=2048, 1.3B parameters, AdamW), batch {batch} x 1024 tokens, "
         f"planned for 64 H100s: mesh node=8 x gpu=8 ({cluster}: NVSwitch inside a node, "

@@ -406,7 +406,7 @@ def clusters_command(args: argparse.Namespace) -> int:
 
 def _plan_epilog() -> str:
     """`jaxpar plan --help`'s list of models and presets (imports the zoo: only for --help)."""
-    import models
+    import jaxpar_zoo as zoo
 
     from ..hardware import presets
 
@@ -418,12 +418,12 @@ def _plan_epilog() -> str:
     width = max(len(n) for n in presets.preset_names()) + 2
     lines = [
         "models (MODEL; --small plans the reduced version):",
-        names(models.NAMES),
+        names(zoo.NAMES),
         "small test models:",
-        names(models.EXTRA),
+        names(zoo.EXTRA),
         "large decoders (--remat, --scan-layers, --seq-len; --capacity-factor for a mixture of "
         "experts):",
-        names((*models.LARGE, *models.LARGE_EXTRA)),
+        names((*zoo.LARGE, *zoo.LARGE_EXTRA)),
         "",
         "cluster presets (--cluster; 'jaxpar clusters' prints every number and its source):",
         *[f"  {n:<{width}}{presets.preset_summary(n)}" for n in presets.preset_names()],
