@@ -3,13 +3,15 @@ transformers is not installed), planned as written from small configs: the plann
 to the unsharded one in float64, the compiled collectives the predicted ones. Run the tier
 with ``python -m pytest -m ecosystem``."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import assert_equivalent
+from helpers import leaf_errors
 
 import jaxpar
-from jaxpar.verify.compiled import fidelity
+from jaxpar.verify import fidelity
 
 pytest.importorskip("transformers", reason='the ecosystem extra: pip install -e ".[ecosystem]"')
 
@@ -25,11 +27,17 @@ def test_hugging_face_flax_model_plans_runs_equal_and_compiles_as_predicted(name
         ex = hf_flax(name, dtype=jnp.float64)
         step = jaxpar.auto_shard(ex.step, mesh=mesh, cluster="dgx-h100")
         out = step(*ex.args)
-        # transformers' Llama computes its rotary tables in float32 whatever the dtype
-        assert_equivalent(
-            out, jax.jit(ex.step)(*ex.args), rtol=1e-6 if name == "hf_llama" else 1e-12
-        )
+        errors = leaf_errors(out, jax.jit(ex.step)(*ex.args))
         compiled = step.lower(*ex.args).compile()
+    # transformers' Llama computes its rotary tables in float32 whatever the dtype
+    rtol = 1e-6 if name == "hf_llama" else 1e-12
+    # BERT's key bias has a zero gradient in exact arithmetic (softmax ignores a shift per
+    # row): its gradient is rounding noise, which Adam scales up to ±lr, so its value after a
+    # step depends on the summation order; every other leaf must agree
+    noise = [e for e in errors if "['key']['bias']" in e[1]] if name == "hf_bert" else []
+    worst = max(e for e in errors if e not in noise)
+    assert worst[0] <= rtol, f"sharded step differs from unsharded: {worst}"
+    assert all(math.isfinite(err) for err, _ in noise), noise
     fid = fidelity(step.plan.collectives, compiled)
     assert fid.predicted_bytes == fid.hlo_bytes, fid.text
     assert fid.predicted_counts == fid.hlo_counts, fid.text

@@ -18,7 +18,12 @@ def test_soybean_mlp_comm_objective(tmp_path):
     out = tmp_path / "soybean.json"
     env = {**os.environ, "XLA_FLAGS": FAST_CODEGEN}  # the script sets its devices
     subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "soybean_mlp.py"), "--json", str(out)],
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "papers", "soybean_mlp.py"),
+            "--json",
+            str(out),
+        ],
         check=True,
         env=env,
         timeout=600,
