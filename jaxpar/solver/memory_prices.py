@@ -1,0 +1,157 @@
+"""Memory inside the search: Lagrangian prices on segments of program points, their tuning, and
+a greedy repair that makes a plan fit.
+
+Program points are compressed to *segments*, the runs between consecutive interval endpoints
+(the set of live nodes is constant on each). Segment k carries a price mu_k >= 0; node v then
+pays lambda_v = Σ_{k in v's interval} mu_k per unit of usage above its least usage: the
+penalized unary cost is u_v(c) + lambda_v (usage_v(c) - min usage_v). Segments that cannot
+overflow (even every node at its largest usage fits) are never priced.
+
+`PriceSchedule` tunes the prices: one scale on the segments any plan seen overflowed, bracketed
+by geometric steps and bisected (a fitting solution lowers it, an overflowing one raises it);
+then per segment, up where the latest solution overflows and down where it leaves slack.
+Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from .problem import MemoryConstraint
+
+ALLOWED_BELOW = 1e19  # a field at or above this holds a forbidden entry (`domains.BIG`)
+
+
+class Segments:
+    """A `MemoryConstraint` over segments of program points."""
+
+    def __init__(self, memory: MemoryConstraint):
+        spans = memory.intervals
+        live = spans[:, 1] > spans[:, 0]
+        points = np.unique(np.concatenate([spans[live, 0], spans[live, 1]]))
+        self.count = max(len(points) - 1, 0)  # segment k = [points[k], points[k+1])
+        self.s0 = np.where(live, np.searchsorted(points, spans[:, 0]), 0)
+        self.s1 = np.where(live, np.searchsorted(points, spans[:, 1]), 0)
+        self.usage = memory.usage
+        self.limit = memory.limit
+        self.least = np.array([u.min() for u in self.usage])
+        self.most = np.array([u.max() for u in self.usage])
+        self.can_overflow = self._sum_over_segments(self.most) > self.limit
+
+    def _sum_over_segments(self, per_node: np.ndarray) -> np.ndarray:
+        diff = np.zeros(self.count + 1)
+        np.add.at(diff, self.s0, per_node)
+        np.add.at(diff, self.s1, -per_node)
+        return np.cumsum(diff)[: self.count]
+
+    def load(self, x: Sequence[int]) -> np.ndarray:
+        """Usage per segment under assignment ``x``."""
+        return self._sum_over_segments(np.array([u[c] for u, c in zip(self.usage, x, strict=True)]))
+
+    def overflow(self, x: Sequence[int]) -> float:
+        """How far ``x``'s peak is over the limit (<= 0: it fits)."""
+        load = self.load(x)
+        return float(load.max() - self.limit) if len(load) else -self.limit
+
+    def node_prices(self, mu: np.ndarray) -> np.ndarray:
+        """lambda_v = Σ of mu over v's segments (prefix sums)."""
+        total = np.concatenate([[0.0], np.cumsum(mu)])
+        return total[self.s1] - total[self.s0]
+
+    def penalized(self, unary: Sequence[np.ndarray], mu: np.ndarray) -> list[np.ndarray]:
+        """Unary costs with usage above each node's least priced at its lambda."""
+        lam = self.node_prices(mu)
+        return [
+            u + lam[v] * (self.usage[v] - self.least[v]) if lam[v] > 0 else u
+            for v, u in enumerate(unary)
+        ]
+
+    def live_at(self, k: int) -> np.ndarray:
+        """The nodes live on segment k."""
+        return np.flatnonzero((self.s0 <= k) & (self.s1 > k))
+
+
+class PriceSchedule:
+    """Segment prices for the next Lagrangian solve, from the solutions so far."""
+
+    def __init__(self, segments: Segments, scale: float):
+        self.segments = segments
+        self.scale = scale  # the price on every overflowed segment
+        self.low: float | None = None  # largest scale seen overflowing
+        self.high: float | None = None  # smallest scale seen fitting
+        self.shape = np.zeros(segments.count)  # 1 on the segments any solution overflowed
+        self.refine = np.ones(segments.count)  # per-segment factors once bisection is done
+        self.rounds = 0
+
+    def prices(self) -> np.ndarray:
+        return self.scale * self.shape * self.refine
+
+    def bisected(self) -> bool:
+        """Whether the scale is bracketed within a factor of 1.5."""
+        return self.low is not None and self.high is not None and self.high < 1.5 * self.low
+
+    def update(self, load: np.ndarray) -> None:
+        """Next prices after a solution with usage ``load`` per segment."""
+        seg = self.segments
+        over = (load > seg.limit) & seg.can_overflow
+        self.rounds += 1
+        if self.bisected():  # per segment: up where over, down where slack
+            self.refine[over] *= 1.6
+            self.refine[load < 0.97 * seg.limit] *= 0.85
+            self.shape[over] = 1.0
+            return
+        if over.any():
+            self.shape[over] = 1.0
+            self.low = self.scale if self.low is None else max(self.low, self.scale)
+        else:
+            self.high = self.scale if self.high is None else min(self.high, self.scale)
+        if self.low is not None and self.high is not None:
+            self.scale = math.sqrt(self.low * self.high)
+        elif self.high is None:
+            self.scale *= 8.0
+        else:
+            self.scale /= 8.0
+
+
+def repair(search, deadline: float | None = None, max_steps: int = 1_000_000) -> bool:
+    """Make the plan of ``search`` (a `local_search.LocalSearch` with memory) fit: while some
+    segment is over the limit, at the worst one take the usage-lowering move with the least
+    cost per unit of usage saved (moves to forbidden entries last). Returns whether it fits."""
+    seg, load = search.memory.segments, search.memory.load
+    for _ in range(max_steps):
+        if not len(load):
+            return True
+        k = int(np.argmax(load))
+        over = load[k] - seg.limit
+        if over <= 0:
+            return True
+        if deadline is not None and time.perf_counter() > deadline:
+            return False
+        move = _cheapest_relief(search, seg, k, over, False)
+        move = move or _cheapest_relief(search, seg, k, over, True)
+        if move is None:
+            return False
+        search.set(*move)
+    return False
+
+
+def _cheapest_relief(search, seg: Segments, k: int, over: float, forbidden_ok: bool):
+    """The move lowering usage on segment k at the least cost per unit saved: (node,
+    configuration), or None."""
+    best, best_score = None, math.inf
+    for v in seg.live_at(k):
+        usage, cur = seg.usage[v], int(search.x[v])
+        field = search.fields[v]
+        lower = np.flatnonzero((usage < usage[cur]) & ((field < ALLOWED_BELOW) | forbidden_ok))
+        if not len(lower):
+            continue
+        dc = field[lower] - field[cur]
+        score = np.maximum(dc, 0) / np.minimum(usage[cur] - usage[lower], over) + 1e-12 * dc
+        j = int(np.argmin(score))
+        if score[j] < best_score:
+            best, best_score = (int(v), int(lower[j])), float(score[j])
+    return best
