@@ -42,6 +42,8 @@ from .problem import Problem, Solution, assignment_cost
 from .series import fold_series
 
 Log = Callable[[str], None]
+MAX_PRICE_ROUNDS = 40  # Lagrangian rounds at most
+REFINED_AFTER = 24  # once the scale is bisected, per-segment refinement until this round
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +245,9 @@ def _price_rounds(run: _Run, x: np.ndarray) -> None:
     schedule = PriceSchedule(seg, _first_scale(run, x))
     schedule.update(seg.load(x))
     last = x
-    while time.perf_counter() < end and not (schedule.bisected() and schedule.rounds > 24):
+    while time.perf_counter() < end and schedule.rounds < MAX_PRICE_ROUNDS:
+        if schedule.bisected() and schedule.rounds > REFINED_AFTER:
+            break
         run.counts["price_rounds"] += 1
         unary = seg.penalized(graph.unary, schedule.prices())
         seconds = max(0.05, 0.1 * (end - time.perf_counter()))

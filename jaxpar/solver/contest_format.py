@@ -90,8 +90,11 @@ def parse_contest(data: dict) -> ContestProblem:
     for v, (c, u) in enumerate(zip(unary, usage, strict=True)):
         if len(c) != len(u):
             raise ValueError(f"contest problem: node {v} has {len(c)} costs, {len(u)} usages")
-    spans = np.asarray(intervals, dtype=np.int64) if n else np.zeros((0, 2), np.int64)
-    if spans.shape != (n, 2):
+    try:
+        spans = np.asarray(intervals, dtype=np.int64) if n else np.zeros((0, 2), np.int64)
+    except (TypeError, ValueError):
+        spans = None
+    if spans is None or spans.shape != (n, 2):
         raise ValueError("contest problem: each interval must be [start, end]")
     problem = Problem(unary=unary, edges={})
     _add_edges(problem, edges)

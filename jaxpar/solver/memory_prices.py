@@ -23,6 +23,7 @@ import numpy as np
 
 from .problem import MemoryConstraint
 
+MAX_SCALE = 1e30  # prices stay finite (and positive)
 ALLOWED_BELOW = 1e19  # a field at or above this holds a forbidden entry (`domains.BIG`)
 
 
@@ -80,7 +81,7 @@ class PriceSchedule:
 
     def __init__(self, segments: Segments, scale: float):
         self.segments = segments
-        self.scale = scale  # the price on every overflowed segment
+        self.scale = min(max(scale, 1 / MAX_SCALE), MAX_SCALE) if math.isfinite(scale) else 1.0  # the price on every overflowed segment
         self.low: float | None = None  # largest scale seen overflowing
         self.high: float | None = None  # smallest scale seen fitting
         self.shape = np.zeros(segments.count)  # 1 on the segments any solution overflowed
@@ -112,9 +113,9 @@ class PriceSchedule:
         if self.low is not None and self.high is not None:
             self.scale = math.sqrt(self.low * self.high)
         elif self.high is None:
-            self.scale *= 8.0
+            self.scale = min(self.scale * 8.0, MAX_SCALE)
         else:
-            self.scale /= 8.0
+            self.scale = max(self.scale / 8.0, 1 / MAX_SCALE)
 
 
 def repair(search, deadline: float | None = None, max_steps: int = 1_000_000) -> bool:
