@@ -81,7 +81,8 @@ class PriceSchedule:
 
     def __init__(self, segments: Segments, scale: float):
         self.segments = segments
-        self.scale = min(max(scale, 1 / MAX_SCALE), MAX_SCALE) if math.isfinite(scale) else 1.0  # the price on every overflowed segment
+        # the price on every overflowed segment
+        self.scale = min(max(scale, 1 / MAX_SCALE), MAX_SCALE) if math.isfinite(scale) else 1.0
         self.low: float | None = None  # largest scale seen overflowing
         self.high: float | None = None  # smallest scale seen fitting
         self.shape = np.zeros(segments.count)  # 1 on the segments any solution overflowed
