@@ -36,12 +36,13 @@ from .adjacency import adjacency
 from .domains import BIG, reduce_domains
 from .local_search import LocalSearch
 from .memory_prices import PriceSchedule, Segments, repair
-from .message_passing import MessagePassing
+from .message_passing import MessagePassing, SequentialMessagePassing
 from .neighbourhoods import Neighbourhoods
 from .problem import Problem, Solution, assignment_cost
 from .series import fold_series
 
 Log = Callable[[str], None]
+REGRET_SEEDS = 256  # polish seeds a share of its neighbourhoods at the nodes losing most
 MAX_PRICE_ROUNDS = 40  # Lagrangian rounds at most
 REFINED_AFTER = 24  # once the scale is bisected, per-segment refinement until this round
 
@@ -91,6 +92,7 @@ class _Run:
         self.closest: np.ndarray | None = None  # the plan overflowing least, while none fits
         self.closest_over = math.inf
         self.counts = {"solves": 0, "price_rounds": 0, "repairs": 0, "restarts": 0}
+        self.wins: dict[str, int] = {}  # which proposals ended best, by method
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -110,29 +112,75 @@ class _Run:
     def solve(
         self, unary, warm: Sequence[np.ndarray], seconds: float, damping: float = 0.5
     ) -> np.ndarray:
-        """A plan for ``unary`` (penalized or not): fold, message passing on the core, the
-        best of it and the ``warm`` plans improved by single moves and neighbourhoods."""
+        """A plan for ``unary`` (penalized or not): fold, message passing on the core (the
+        method that has won so far, now and then the other), the best of its plans and the
+        ``warm`` ones improved by single moves, then by neighbourhoods."""
         self.counts["solves"] += 1
-        end = min(self.deadline, time.perf_counter() + seconds)
+        t0 = time.perf_counter()
+        end = min(self.deadline, t0 + seconds)
         core = fold_series(self.graph.with_unary(unary))
         graph = core.graph
         if not graph.num_nodes:
             return core.expand([])
-        passing = MessagePassing(graph)
-        proposal, _ = passing.run(
-            self.options.message_iterations, damping, stop=lambda: time.perf_counter() > end
-        )
         nodes = list(core.nodes)
-        search = None
-        for x0 in [proposal, *(np.asarray(w)[nodes] for w in warm)]:
-            candidate = LocalSearch(graph, x0, seed=self.rng.randrange(1 << 30))
-            candidate.icm(sweeps=20)
-            if search is None or candidate.value < search.value:
-                search = candidate
-        lns_end = min(end, time.perf_counter() + 4 * (time.perf_counter() - (end - seconds)))
+        best = _Best(graph, self.rng)
+        for w in warm:
+            best.offer(np.asarray(w)[nodes], "warm")
+        for method in self._methods():
+            if method == "parallel":
+                passing = MessagePassing(graph)
+                stop = lambda: time.perf_counter() > end
+                x, _ = passing.run(self.options.message_iterations, damping, stop=stop)
+                best.offer(x, method)
+            else:
+                _sequential(best, graph, min(end, time.perf_counter() + 0.5 * seconds))
+        self.wins[best.source] = self.wins.get(best.source, 0) + 1
+        search = best.search
+        lns_end = min(end, time.perf_counter() + 4 * (time.perf_counter() - t0))
         _improve(search, Neighbourhoods(graph, search.rng, self.options.region_size),
                  lns_end, self.options.region_budget)  # fmt: skip
         return core.expand(search.x)
+
+    def _methods(self) -> tuple[str, ...]:
+        """Which message passing proposes: both at first and every fourth solve, else the
+        one whose plans won more often."""
+        solves = self.counts["solves"]
+        parallel, sequential = self.wins.get("parallel", 0), self.wins.get("sequential", 0)
+        if solves <= 2 or solves % 4 == 0 or parallel == sequential:
+            return ("parallel", "sequential")
+        return ("parallel",) if parallel > sequential else ("sequential",)
+
+
+class _Best:
+    """The best plan offered so far on a core, after single-node moves."""
+
+    def __init__(self, graph, rng: random.Random):
+        self.graph, self.rng = graph, rng
+        self.search: LocalSearch | None = None
+        self.source = ""
+
+    def offer(self, x: np.ndarray, source: str) -> float:
+        """Improve ``x`` by single moves; keep it if best. Returns its value."""
+        candidate = LocalSearch(self.graph, x, seed=self.rng.randrange(1 << 30))
+        candidate.icm(sweeps=20)
+        if self.search is None or candidate.value < self.search.value - candidate.tolerance(
+            self.search.value
+        ):
+            self.search, self.source = candidate, source
+        return candidate.value
+
+
+def _sequential(best: _Best, graph, end: float, patience: int = 6, most: int = 40) -> None:
+    """TRW-S proposals until ``end``, ``most`` iterations, or ``patience`` without a better
+    plan."""
+    passing = SequentialMessagePassing(graph)
+    since, record = 0, math.inf
+    for x in passing.run(most, stop=lambda: time.perf_counter() > end):
+        value = best.offer(x, "sequential")
+        since = 0 if value < record else since + 1
+        record = min(record, value)
+        if since >= patience:
+            return
 
 
 def _improve(search: LocalSearch, hoods: Neighbourhoods, end: float, budget: float) -> int:
@@ -308,8 +356,12 @@ def _iterated(run: _Run, search: LocalSearch, hoods: Neighbourhoods) -> None:
     stall_limit = run.options.stall
     patience = 300 if stall_limit is None else stall_limit
     saved, saved_value, stalled, total_stalled = search.x.copy(), search.value, 0, 0
+    expensive, draws = search.regrets(REGRET_SEEDS), 0
     while time.perf_counter() < run.deadline:
-        region = hoods.draw()
+        draws += 1
+        if draws % 100 == 0:
+            expensive = search.regrets(REGRET_SEEDS)
+        region = hoods.draw(expensive)
         if not region:
             return
         if search.solve_region(region, run.options.region_budget) > 0:
@@ -354,6 +406,7 @@ def _solution(run: _Run) -> Solution:
         "objective": run.graph.cost(x),
         "phases_s": dict(run.clock.phases),
         **run.counts,
+        "best_proposals": dict(run.wins),
         "reduction": run.domains.stats,
     }
     return Solution(assignment, stats["objective"], False, stats)

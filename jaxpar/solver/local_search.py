@@ -126,6 +126,13 @@ class LocalSearch:
                 return int(c)
         return None
 
+    def regrets(self, top: int) -> np.ndarray:
+        """The ``top`` nodes that lose most to their best configuration (a neighbourhood
+        around them most likely pays: where memory or neighbours hold them back)."""
+        lost = np.array([f[c] - f.min() for f, c in zip(self.fields, self.x, strict=True)])
+        top = min(top, len(lost))
+        return np.argpartition(-lost, top - 1)[:top] if top else np.zeros(0, np.int64)
+
     def icm(self, nodes: Iterable[int] | None = None, sweeps: int = 50) -> int:
         """Single-node moves until none improves (at most ``sweeps`` passes); returns moves."""
         graph = self.graph

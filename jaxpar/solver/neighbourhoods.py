@@ -6,8 +6,9 @@
 - a sparse ball: nodes join only while they have at most two neighbours already inside, so the
   neighbourhood stays tree-like and eliminates exactly even when large.
 
-Seeds are drawn among the nodes with a choice, a quarter of them among the nodes whose current
-configuration costs most (where a better plan most likely differs). Pure: numpy only.
+Seeds are drawn among the nodes with a choice, half of them (when given) among the nodes whose
+current configuration loses most to their best one (where a better plan most likely differs).
+Pure: numpy only.
 """
 
 from __future__ import annotations
@@ -77,12 +78,12 @@ class Neighbourhoods:
         self.turn = 0
 
     def draw(self, expensive: Sequence[int] = ()) -> list[int]:
-        """The next neighbourhood; seeds from ``expensive`` (nodes paying most) a quarter of
-        the time."""
+        """The next neighbourhood; seeds from ``expensive`` (nodes losing most) half the
+        time."""
         if not self.movable:
             return []
         rng, self.turn = self.rng, self.turn + 1
-        if len(expensive) and rng.random() < 0.25:
+        if len(expensive) and rng.random() < 0.5:
             seed = int(expensive[rng.randrange(len(expensive))])
         else:
             seed = self.movable[rng.randrange(len(self.movable))]
