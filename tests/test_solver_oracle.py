@@ -123,6 +123,8 @@ def test_solve_within_fits_and_avoids_forbidden_whenever_a_plan_does(seed):
     if best < FORBIDDEN:  # a plan that fits without forbidden entries exists
         assert fits_memory(p, sol.assignment)
         assert value < FORBIDDEN
+        bound = sol.stats.get("lower_bound")
+        assert bound is None or bound <= best + 1e-6 * abs(best)
     if sol.optimal:
         assert value == pytest.approx(best, rel=1e-12)
 

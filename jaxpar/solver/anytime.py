@@ -93,6 +93,7 @@ class _Run:
         self.closest_over = math.inf
         self.counts = {"solves": 0, "price_rounds": 0, "repairs": 0, "restarts": 0}
         self.wins: dict[str, int] = {}  # which proposals ended best, by method
+        self.lower_bound = -math.inf  # of the optimum, from TRW-S's messages
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -110,11 +111,17 @@ class _Run:
         return cost, over
 
     def solve(
-        self, unary, warm: Sequence[np.ndarray], seconds: float, damping: float = 0.5
+        self,
+        unary,
+        warm: Sequence[np.ndarray],
+        seconds: float,
+        damping: float = 0.5,
+        relief: float | None = 0.0,
     ) -> np.ndarray:
         """A plan for ``unary`` (penalized or not): fold, message passing on the core (the
         method that has won so far, now and then the other), the best of its plans and the
-        ``warm`` ones improved by single moves, then by neighbourhoods."""
+        ``warm`` ones improved by single moves, then by neighbourhoods. ``relief``: what the
+        prices in ``unary`` can add at most to a plan that fits (None: no bound from it)."""
         self.counts["solves"] += 1
         t0 = time.perf_counter()
         end = min(self.deadline, t0 + seconds)
@@ -133,13 +140,22 @@ class _Run:
                 x, _ = passing.run(self.options.message_iterations, damping, stop=stop)
                 best.offer(x, method)
             else:
-                _sequential(best, graph, min(end, time.perf_counter() + 0.5 * seconds))
+                passing = _sequential(best, graph, min(end, time.perf_counter() + 0.5 * seconds))
+                if relief is not None and not graph.factors:
+                    self.bound(passing.lower_bound() + core.offset - relief)
         self.wins[best.source] = self.wins.get(best.source, 0) + 1
         search = best.search
         lns_end = min(end, time.perf_counter() + 4 * (time.perf_counter() - t0))
         _improve(search, Neighbourhoods(graph, search.rng, self.options.region_size),
                  lns_end, self.options.region_budget)  # fmt: skip
         return core.expand(search.x)
+
+    def bound(self, value: float) -> None:
+        """Keep the best lower bound of the optimum (over plans without forbidden
+        configurations) found so far."""
+        if value > self.lower_bound:
+            self.lower_bound = value
+            self.log(f"lower bound {value:.10g}")
 
     def _methods(self) -> tuple[str, ...]:
         """Which message passing proposes: both at first and every fourth solve, else the
@@ -170,9 +186,11 @@ class _Best:
         return candidate.value
 
 
-def _sequential(best: _Best, graph, end: float, patience: int = 6, most: int = 40) -> None:
+def _sequential(
+    best: _Best, graph, end: float, patience: int = 6, most: int = 40
+) -> SequentialMessagePassing:
     """TRW-S proposals until ``end``, ``most`` iterations, or ``patience`` without a better
-    plan."""
+    plan; returns the message passing (its messages give a lower bound)."""
     passing = SequentialMessagePassing(graph)
     since, record = 0, math.inf
     for x in passing.run(most, stop=lambda: time.perf_counter() > end):
@@ -180,7 +198,8 @@ def _sequential(best: _Best, graph, end: float, patience: int = 6, most: int = 4
         since = 0 if value < record else since + 1
         record = min(record, value)
         if since >= patience:
-            return
+            break
+    return passing
 
 
 def _improve(search: LocalSearch, hoods: Neighbourhoods, end: float, budget: float) -> int:
@@ -277,7 +296,7 @@ def _safe_start(run: _Run) -> None:
         run.consider(np.zeros(graph.num_nodes, np.int64), "safe start")
         return
     mu = np.full(seg.count, 1e3 * costs / spread)
-    x = run.solve(seg.penalized(graph.unary, mu), [], max(0.05, 0.05 * run.left()))
+    x = run.solve(seg.penalized(graph.unary, mu), [], max(0.05, 0.05 * run.left()), relief=None)
     _, over = run.consider(x, "safe start")
     if over > 0:
         search = LocalSearch(graph, x, memory=seg, seed=run.options.seed)
@@ -301,7 +320,8 @@ def _price_rounds(run: _Run, x: np.ndarray) -> None:
         seconds = max(0.05, 0.1 * (end - time.perf_counter()))
         # message passing proposes differently damped in turn (neither wins everywhere)
         damping = (0.5, 0.8)[schedule.rounds % 2]
-        last = run.solve(unary, [last, x, *_known(run)], seconds, damping)
+        relief = float(schedule.prices() @ np.maximum(seg.limit - seg.least_load, 0.0))
+        last = run.solve(unary, [last, x, *_known(run)], seconds, damping, relief)
         cost, over = run.consider(last, f"price round {schedule.rounds}")
         run.log(f"price round {schedule.rounds}: scale {schedule.scale:.3g} cost {cost:.6g} "
                 f"over {over / seg.limit:+.2%}")  # fmt: skip
@@ -407,6 +427,7 @@ def _solution(run: _Run) -> Solution:
         "phases_s": dict(run.clock.phases),
         **run.counts,
         "best_proposals": dict(run.wins),
+        "lower_bound": run.lower_bound if math.isfinite(run.lower_bound) else None,
         "reduction": run.domains.stats,
     }
     return Solution(assignment, stats["objective"], False, stats)

@@ -42,6 +42,7 @@ class Segments:
         self.least = np.array([u.min() for u in self.usage])
         self.most = np.array([u.max() for u in self.usage])
         self.can_overflow = self._sum_over_segments(self.most) > self.limit
+        self.least_load = self._sum_over_segments(self.least)  # every node at its least
 
     def _sum_over_segments(self, per_node: np.ndarray) -> np.ndarray:
         diff = np.zeros(self.count + 1)
