@@ -95,5 +95,7 @@ def solve_command(argv: list[str]) -> int:
     phases = ", ".join(f"{k} {v:.2f}s" for k, v in stats.get("phases_s", {}).items())
     progress(f"{stats.get('method')}: objective {solution.objective:.10g}, fits memory "
              f"{stats.get('fits_memory', True)}; {phases}")  # fmt: skip
+    counts = {k: v for k, v in stats.items() if isinstance(v, (int, float)) and k != "objective"}
+    progress(f"stats: {counts}")
     print("[" + ", ".join(str(int(c)) for c in solution.assignment) + "]", flush=True)
     return 0

@@ -368,6 +368,9 @@ def _polish(run: _Run) -> None:
     hoods = Neighbourhoods(run.graph, search.rng, run.options.region_size)
     _iterated(run, search, hoods)
     run.consider(search.x, "polish")
+    run.counts["polish_neighbourhoods"] = search.region_tries
+    run.counts["polish_improving"] = search.region_moves
+    run.counts["polish_refused_for_memory"] = search.region_refused
 
 
 def _iterated(run: _Run, search: LocalSearch, hoods: Neighbourhoods) -> None:

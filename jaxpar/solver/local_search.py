@@ -73,7 +73,7 @@ class LocalSearch:
         self.fields = self._fields()
         self.value = float(sum(float(u[c]) for u, c in zip(self.unary, self.x, strict=True)))
         self.value += graph.cost(self.x, [np.zeros(len(u)) for u in self.unary])
-        self.moves = self.region_tries = self.region_moves = 0
+        self.moves = self.region_tries = self.region_moves = self.region_refused = 0
 
     def _fields(self) -> list[np.ndarray]:
         graph, x = self.graph, self.x
@@ -215,6 +215,7 @@ class LocalSearch:
         if self.memory is not None and not self.memory.within(v for v, _ in changes):
             for v, c in old:
                 self.set(v, c)
+            self.region_refused += 1  # better, but over the memory limit
             return 0.0
         self.region_moves += 1
         return gain
