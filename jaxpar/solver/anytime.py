@@ -44,7 +44,6 @@ from .series import fold_series
 Log = Callable[[str], None]
 REGRET_SEEDS = 256  # polish seeds a share of its neighbourhoods at the nodes losing most
 MAX_PRICE_ROUNDS = 40  # Lagrangian rounds at most
-REFINED_AFTER = 24  # once the scale is bisected, per-segment refinement until this round
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,13 +129,15 @@ class _Run:
         if not graph.num_nodes:
             return core.expand([])
         nodes = list(core.nodes)
-        best = _Best(graph, self.rng)
+        # every proposal is a plan of the true problem too: the best that fits is kept even
+        # when the penalized objective prefers another
+        best = _Best(graph, self.rng, lambda xc, label: self.consider(core.expand(xc), label))
         for w in warm:
             best.offer(np.asarray(w)[nodes], "warm")
         for method in self._methods():
             if method == "parallel":
                 passing = MessagePassing(graph)
-                stop = lambda: time.perf_counter() > end
+                stop = lambda: time.perf_counter() > self.deadline  # its iterations in full
                 x, _ = passing.run(self.options.message_iterations, damping, stop=stop)
                 best.offer(x, method)
             else:
@@ -168,10 +169,11 @@ class _Run:
 
 
 class _Best:
-    """The best plan offered so far on a core, after single-node moves."""
+    """The best plan offered so far on a core, after single-node moves; each proposal (not
+    the warm plans) is also shown to ``consider``."""
 
-    def __init__(self, graph, rng: random.Random):
-        self.graph, self.rng = graph, rng
+    def __init__(self, graph, rng: random.Random, consider: Callable[[np.ndarray, str], object]):
+        self.graph, self.rng, self.consider = graph, rng, consider
         self.search: LocalSearch | None = None
         self.source = ""
 
@@ -179,6 +181,8 @@ class _Best:
         """Improve ``x`` by single moves; keep it if best. Returns its value."""
         candidate = LocalSearch(self.graph, x, seed=self.rng.randrange(1 << 30))
         candidate.icm(sweeps=20)
+        if source != "warm":
+            self.consider(candidate.x, source)
         if self.search is None or candidate.value < self.search.value - candidate.tolerance(
             self.search.value
         ):
@@ -313,18 +317,17 @@ def _price_rounds(run: _Run, x: np.ndarray) -> None:
     schedule.update(seg.load(x))
     last = x
     while time.perf_counter() < end and schedule.rounds < MAX_PRICE_ROUNDS:
-        if schedule.bisected() and schedule.rounds > REFINED_AFTER:
+        if schedule.done():
             break
         run.counts["price_rounds"] += 1
         unary = seg.penalized(graph.unary, schedule.prices())
         seconds = max(0.05, 0.1 * (end - time.perf_counter()))
-        # message passing proposes differently damped in turn (neither wins everywhere)
-        damping = (0.5, 0.8)[schedule.rounds % 2]
         relief = float(schedule.prices() @ np.maximum(seg.limit - seg.least_load, 0.0))
-        last = run.solve(unary, [last, x, *_known(run)], seconds, damping, relief)
+        last = run.solve(unary, [last, x, *_known(run)], seconds, relief=relief)
         cost, over = run.consider(last, f"price round {schedule.rounds}")
-        run.log(f"price round {schedule.rounds}: scale {schedule.scale:.3g} cost {cost:.6g} "
-                f"over {over / seg.limit:+.2%}")  # fmt: skip
+        run.log(f"price round {schedule.rounds}: scale {schedule.scale:.3g} on "
+                f"{int(schedule.shape.sum())} segments: cost {cost:.6g} over "
+                f"{over / seg.limit:+.2%}")  # fmt: skip
         if 0 < over < 0.2 * seg.limit and cost < run.best_cost:
             _repair_and_polish(run, last, end)
         schedule.update(seg.load(last))

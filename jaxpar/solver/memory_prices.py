@@ -7,9 +7,10 @@ pays lambda_v = Σ_{k in v's interval} mu_k per unit of usage above its least us
 penalized unary cost is u_v(c) + lambda_v (usage_v(c) - min usage_v). Segments that cannot
 overflow (even every node at its largest usage fits) are never priced.
 
-`PriceSchedule` tunes the prices: one scale on the segments any plan seen overflowed, bracketed
-by geometric steps and bisected (a fitting solution lowers it, an overflowing one raises it);
-then per segment, up where the latest solution overflows and down where it leaves slack.
+`PriceSchedule` tunes the prices: one scale on a set of segments (first those the unpriced plan
+overflows), bracketed by geometric steps and bisected (a fitting solution lowers it, an
+overflowing one raises it); then the set becomes the segments the cheaper, overflowing plan of
+the bracket overflows, and the scale is bracketed again.
 Pure: numpy only.
 """
 
@@ -24,6 +25,8 @@ import numpy as np
 from .problem import MemoryConstraint
 
 MAX_SCALE = 1e30  # prices stay finite (and positive)
+MAX_RESHAPES = 6  # times the priced segments move to where a cheaper plan overflows
+PROBES = (4.0, 16.0, 64.0, 256.0)  # then the scales tried above the bracket's (× its top)
 ALLOWED_BELOW = 1e19  # a field at or above this holds a forbidden entry (`domains.BIG`)
 
 
@@ -78,46 +81,77 @@ class Segments:
 
 
 class PriceSchedule:
-    """Segment prices for the next Lagrangian solve, from the solutions so far."""
+    """Segment prices for the next Lagrangian solve, from the solutions so far.
+
+    One scale on a shape (which segments are priced): bracketed by ×8 steps, then bisected.
+    Once the bracket is within 1.5×, the shape becomes the segments the bracket's overflowing
+    plan (the cheaper one) overflows, and the scale is bracketed again: prices move to where
+    the cheaper plans break the limit (IOPDDL A: the unpriced plan overflows every segment;
+    the plan at the first bracket's low end 5,250 of 28,827; priced there, a plan that fits
+    costs 6.91e9 instead of 7.20e9)."""
 
     def __init__(self, segments: Segments, scale: float):
         self.segments = segments
-        # the price on every overflowed segment
+        # the price on every segment of the shape
         self.scale = min(max(scale, 1 / MAX_SCALE), MAX_SCALE) if math.isfinite(scale) else 1.0
         self.low: float | None = None  # largest scale seen overflowing
         self.high: float | None = None  # smallest scale seen fitting
-        self.shape = np.zeros(segments.count)  # 1 on the segments any solution overflowed
-        self.refine = np.ones(segments.count)  # per-segment factors once bisection is done
-        self.rounds = 0
+        self.shape = np.zeros(segments.count)  # 1 on the priced segments
+        self.low_over: np.ndarray | None = None  # where the plan at ``low`` overflows
+        self.rounds = self.reshapes = self.probes = 0
 
     def prices(self) -> np.ndarray:
-        return self.scale * self.shape * self.refine
+        return self.scale * self.shape
 
     def bisected(self) -> bool:
         """Whether the scale is bracketed within a factor of 1.5."""
         return self.low is not None and self.high is not None and self.high < 1.5 * self.low
+
+    def done(self) -> bool:
+        """Bisected and probed above, with no reshaping left to try."""
+        return (
+            self.bisected()
+            and self.probes >= len(PROBES)
+            and (self.reshapes >= MAX_RESHAPES or not self._narrower())
+        )
+
+    def _narrower(self) -> bool:
+        """Whether the bracket's overflowing plan overflows fewer segments than are priced."""
+        return self.low_over is not None and 0 < self.low_over.sum() < self.shape.sum()
 
     def update(self, load: np.ndarray) -> None:
         """Next prices after a solution with usage ``load`` per segment."""
         seg = self.segments
         over = (load > seg.limit) & seg.can_overflow
         self.rounds += 1
-        if self.bisected():  # per segment: up where over, down where slack
-            self.refine[over] *= 1.6
-            self.refine[load < 0.97 * seg.limit] *= 0.85
-            self.shape[over] = 1.0
-            return
-        if over.any():
-            self.shape[over] = 1.0
-            self.low = self.scale if self.low is None else max(self.low, self.scale)
-        else:
-            self.high = self.scale if self.high is None else min(self.high, self.scale)
-        if self.low is not None and self.high is not None:
+        if not self.probes:  # probes above the bracket leave it as it is
+            self._bracket(over)
+        if self.bisected() and self.probes < len(PROBES):
+            # message passing is no exact solver: a higher price may give a cheaper plan
+            # that fits (A: 6.92e9 at 40x the bracket, 7.20e9 at it); probe above it
+            self.probes += 1
+            self.scale = self.high * PROBES[self.probes - 1]
+        elif self.bisected() and self._narrower() and self.reshapes < MAX_RESHAPES:
+            shape = self.low_over.astype(float)
+            self.scale = self.high * self.shape.sum() / max(shape.sum(), 1.0)
+            self.shape, self.low, self.high, self.low_over = shape, None, None, None
+            self.reshapes, self.probes = self.reshapes + 1, 0
+        elif self.low is not None and self.high is not None:
             self.scale = math.sqrt(self.low * self.high)
         elif self.high is None:
             self.scale = min(self.scale * 8.0, MAX_SCALE)
         else:
             self.scale = max(self.scale / 8.0, 1 / MAX_SCALE)
+
+    def _bracket(self, over: np.ndarray) -> None:
+        """Record the latest scale as overflowing (``over``: where) or fitting."""
+        if over.any():
+            if not self.shape.any():
+                self.shape = over.astype(float)
+            if self.low is None or self.scale >= self.low:
+                self.low, self.low_over = self.scale, over
+        elif self.high is None or self.scale < self.high:
+            self.high = self.scale
 
 
 def repair(search, deadline: float | None = None, max_steps: int = 1_000_000) -> bool:
