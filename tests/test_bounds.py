@@ -40,7 +40,7 @@ def test_every_state_of_the_updates_bounds_every_assignment(seed):
     rng = np.random.default_rng(100 + seed)
     p = random_problem(rng, 6, p_edge=0.7, factor=True)
     _, best = brute_force(p)
-    dual = DualBound.of(p)
+    dual = DualBound.of(p, table_budget=1.0)
     last = -math.inf
     for _ in range(8):
         dual.sweep()
@@ -58,13 +58,13 @@ def test_dual_bound_is_exact_on_a_cycle_with_no_frustration_and_low_on_a_frustra
     p = Problem([np.array([0.0, 0.5]) for _ in range(4)], {})
     for i, j in [(0, 1), (1, 2), (2, 3), (0, 3)]:
         p.add_edge(i, j, agree)
-    res = dual_bound(p)
+    res = dual_bound(p, table_budget=1.0)
     assert res.value == pytest.approx(brute_force(p)[1], abs=1e-9)
     k4 = Problem([np.zeros(2) for _ in range(4)], {})
     for i in range(4):
         for j in range(i + 1, 4):
             k4.add_edge(i, j, 1.0 - agree)
-    res = dual_bound(k4)
+    res = dual_bound(k4, table_budget=1.0)  # nothing eliminated: the LP alone
     _, best = brute_force(k4)
     assert best == 2.0  # two of the six edges agree at best
     assert res.value < 1.0  # the LP's half-integral optimum is 0
@@ -151,3 +151,23 @@ def test_the_streams_bound_of_the_overlapped_step_holds(name):
         assert c <= step * (1 + 1e-12)
         assert assignment_cost(comm, a) <= step * (1 + 1e-12)
         assert lower <= step * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pruning_by_reduced_cost_keeps_every_plan_cheaper_than_the_known_one(seed):
+    """With a known plan's cost as ``upper`` (here a random plan's), the dual prunes
+    configurations; the bound stays at most the minimum, and the plan it returns is never worse
+    than what it would find without pruning by more than the known plan allows."""
+    rng = np.random.default_rng(300 + seed)
+    p = random_problem(rng, 7, p_edge=0.6, max_c=6, factor=seed % 2 == 1)
+    best_x, best = brute_force(p)
+    known = assignment_cost(p, [int(rng.integers(len(u))) for u in p.unary])
+    res = dual_bound(p, table_budget=1.0, upper=known)
+    assert res.value <= best + 1e-9 * max(1.0, abs(best))
+    dual = DualBound.of(p, table_budget=1.0)
+    for _ in range(10):
+        dual.sweep()
+    dual.prune(best, dual.value())  # pruned against the optimum: the optimum stays reachable
+    free = [v for v, u in enumerate(p.unary) if len(u) > 1]  # the residual's nodes, in order
+    assert len(free) == len(dual.index)
+    assert all(best_x[v] in dual.index[k] for k, v in enumerate(free))

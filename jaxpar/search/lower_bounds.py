@@ -31,13 +31,14 @@ from ..cost.evaluation import EvalContext
 from ..cost.node_costs import node_collectives
 from ..hardware.collectives import ALL_REDUCE, ring_steps
 from ..solver.bounds import dual_bound
-from ..solver.problem import Problem
+from ..solver.problem import Problem, assignment_cost
 
 # variable elimination before the dual, within tables of this many entries (exact: it only
 # makes what the dual sees smaller and its bound tighter)
 BOUND_TABLE = 1e6
 BOUND_SWEEPS = 150  # star updates per dual at most (counted, so plans stay deterministic)
 LAMBDA_STEPS = 4  # duals of λ C + (1 − λ) X tried under "overlap"
+BELOW_FLOOR = 2  # stop after this many in a row below the compute stream's bound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +50,15 @@ class Bounded:
     stats: dict
 
 
-def search_bound(problem: Problem, deadline: float = math.inf) -> Bounded:
+def search_bound(problem: Problem, deadline: float = math.inf, upper: float = math.inf) -> Bounded:
     """The dual bound of ``problem`` (a lower bound of the reported cost of every plan of its
-    space) and the plan read off it."""
-    res = dual_bound(problem, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE)
-    stats = {"sweeps": res.sweeps, "core_nodes": res.core_nodes, "time_s": res.time_s}
+    space) and the plan read off it; ``upper``: the cost of a known plan of ``problem`` (what
+    the dual prunes against)."""
+    res = dual_bound(problem, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE, upper=upper)
+    stats = {
+        "sweeps": res.sweeps, "core_nodes": res.core_nodes, "time_s": res.time_s,
+        "pruned": res.pruned,
+    }  # fmt: skip
     return Bounded(res.value, [res.assignment], stats)
 
 
@@ -94,12 +99,17 @@ def overlap_bound(
     comm: Problem,
     evaluate_streams: Callable[[list[int]], tuple[float, float]],
     deadline: float = math.inf,
+    floor: float = -math.inf,
+    known: Sequence[Sequence[int]] = (),
 ) -> Bounded:
     """The best bound of max(C, X) over the λ tried (see the module docstring): ``compute``
     and ``comm`` over the searched space, ``evaluate_streams(x)`` = (C(x), X(x)) of a plan of
-    it (to steer λ)."""
+    it (to steer λ); ``known``: plans of the space (each dual prunes against the cheapest).
+    ``floor``: a bound already proven (the compute stream's); after
+    `BELOW_FLOOR` duals in a row below it the search stops (where communication can all but
+    vanish, as on Inception-v3, no λ < 1 beats the compute stream)."""
     lo, hi, lam = 0.0, 1.0, 0.5
-    best, plans, tried = -math.inf, [], []
+    best, plans, tried, below = -math.inf, [], [], 0
     t0 = time.perf_counter()
     for _ in range(LAMBDA_STEPS):
         unary = [lam * c + (1 - lam) * x for c, x in zip(compute, comm.unary, strict=True)]
@@ -109,7 +119,8 @@ def overlap_bound(
             [],
             {k: t * (1 - lam) for k, t in comm.factors.items()},
         )
-        res = dual_bound(mixed, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE)
+        upper = min((assignment_cost(mixed, x) for x in [*known, *plans]), default=math.inf)
+        res = dual_bound(mixed, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE, upper=upper)
         tried.append((lam, res.value))
         best = max(best, res.value)
         plans.append(res.assignment)
@@ -119,7 +130,8 @@ def overlap_bound(
         else:
             hi = lam
         lam = 0.5 * (lo + hi)
-        if time.perf_counter() > deadline:
+        below = below + 1 if res.value <= floor else 0
+        if time.perf_counter() > deadline or below >= BELOW_FLOOR:
             break
     stats = {"lambdas": tried, "time_s": time.perf_counter() - t0}
     return Bounded(best if math.isfinite(best) else None, plans, stats)
