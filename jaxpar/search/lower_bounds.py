@@ -37,6 +37,9 @@ from ..solver.problem import Problem, assignment_cost
 # makes what the dual sees smaller and its bound tighter)
 BOUND_TABLE = 1e6
 BOUND_SWEEPS = 150  # star updates per dual at most (counted, so plans stay deterministic)
+# and at most this many table entries read by one dual's sweeps (counted too: about 4 s on this
+# machine; it binds only on 4-axis meshes, 52 M entries a sweep before pruning)
+BOUND_WORK = 2e9
 LAMBDA_STEPS = 4  # duals of λ C + (1 − λ) X tried under "overlap"
 BELOW_FLOOR = 2  # stop after this many in a row below the compute stream's bound
 
@@ -54,7 +57,9 @@ def search_bound(problem: Problem, deadline: float = math.inf, upper: float = ma
     """The dual bound of ``problem`` (a lower bound of the reported cost of every plan of its
     space) and the plan read off it; ``upper``: the cost of a known plan of ``problem`` (what
     the dual prunes against)."""
-    res = dual_bound(problem, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE, upper=upper)
+    res = dual_bound(
+        problem, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE, upper=upper, work=BOUND_WORK
+    )
     stats = {
         "sweeps": res.sweeps, "core_nodes": res.core_nodes, "time_s": res.time_s,
         "pruned": res.pruned,
@@ -120,7 +125,9 @@ def overlap_bound(
             {k: t * (1 - lam) for k, t in comm.factors.items()},
         )
         upper = min((assignment_cost(mixed, x) for x in [*known, *plans]), default=math.inf)
-        res = dual_bound(mixed, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE, upper=upper)
+        res = dual_bound(
+            mixed, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE, upper=upper, work=BOUND_WORK
+        )
         tried.append((lam, res.value))
         best = max(best, res.value)
         plans.append(res.assignment)

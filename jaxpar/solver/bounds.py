@@ -59,8 +59,10 @@ class DualBound:
     """Star updates of the local polytope's dual on an (exactly reduced) problem; see the module
     docstring. ``value()`` is a lower bound of the minimum for any state of the updates."""
 
-    def __init__(self, graph: Adjacency, offset: float = 0.0, expand=None):
+    def __init__(self, graph: Adjacency, offset: float = 0.0, expand=None, nodes=None):
         self.graph, self.offset = graph, offset
+        # the problem's node of each node of ``graph`` (the others were eliminated)
+        self.nodes = list(range(graph.num_nodes)) if nodes is None else list(nodes)
         # the whole problem's assignment from one of ``graph`` (identity when nothing reduced)
         self.expand = expand or (lambda x: [int(c) for c in x])
         n = graph.num_nodes
@@ -153,6 +155,12 @@ class DualBound:
             total, scale = total + low, scale + abs(low) + float(np.abs(table).max())
         return total - ROUNDING * scale
 
+    def entries(self) -> int:
+        """Table entries a sweep reads: every edge from both ends, every factor from each of
+        its nodes."""
+        edges = sum(m.size for row in self.mats for m in row)
+        return edges + sum(t.size * len(key) for key, t in self.factors)
+
     def phi_fac_at(self, i: int) -> list[np.ndarray]:
         return [self.phi_fac[f][pos] for f, pos in self.fac_at[i]]
 
@@ -218,25 +226,29 @@ def dual_bound(
     check_every: int = 5,
     table_budget: float = 1e6,
     upper: float = math.inf,
+    work: float = math.inf,
 ) -> BoundResult:
     """A lower bound of ``problem``'s minimum (memory constraint ignored: a relaxation) and the
     best plan read off it: exact reduction (`DualBound.of`), then star updates until
     ``max_sweeps``, ``check_every`` sweeps gaining less than ``tolerance`` (relative), or
-    ``deadline`` (a `time.perf_counter` instant: the only limit not counted, so the only one
-    that may change the result). At each check the plan read off the dual is priced, and
-    configurations whose reduced cost puts every plan using them above the best known plan
-    (it or ``upper``, the cost of a plan of ``problem``) are pruned: the sweeps then touch only
-    what can still matter. The bound is then the smaller of the dual's value and that plan's
-    cost."""
+    ``work`` (table entries read by the sweeps, counted: deterministic), or ``deadline`` (a
+    `time.perf_counter` instant: the only limit not counted, so the only one that may change
+    the result; meant as a guard that never binds). At each check the plan read off the dual
+    is priced, and configurations whose reduced cost puts every plan using them above the best
+    known plan (it or ``upper``, the cost of a plan of ``problem``) are pruned: the sweeps then
+    touch only what can still matter. The bound is then the smaller of the dual's value and
+    that plan's cost."""
     t0 = time.perf_counter()
     dual = DualBound.of(problem, table_budget)
     start = sum(len(u) for u in dual.unary)
     best = dual.value()
     x = dual.decode()
     cost = assignment_cost(problem, x)
-    while dual.sweeps < max_sweeps and time.perf_counter() < deadline:
+    spent = 0.0
+    while dual.sweeps < max_sweeps and spent < work and time.perf_counter() < deadline:
         for _ in range(check_every):
             dual.sweep()
+        spent += check_every * dual.entries()
         value = dual.value()
         gained = value - best
         best = max(best, value)
@@ -253,11 +265,14 @@ def dual_bound(
     )  # fmt: skip
 
 
-def eliminated(problem: Problem, table_budget: float) -> tuple[Adjacency, float, Callable]:
+def eliminated(
+    problem: Problem, table_budget: float
+) -> tuple[Adjacency, float, Callable, list[int]]:
     """What variable elimination leaves of ``problem`` while its tables stay within
     ``table_budget`` entries (cheapest first), with the cost it took out (the residual's minimum
     plus that offset is ``problem``'s minimum) and the expansion of a residual assignment to a
-    whole one (each eliminated node at its best given its neighbours)."""
+    whole one (each eliminated node at its best given its neighbours), and the residual's
+    nodes."""
     fixed = {i: 0 for i, u in enumerate(problem.unary) if len(u) == 1}
     factors, offset, sizes = _condition(problem, fixed)
     elim = _Eliminator(factors, sizes)
@@ -288,7 +303,7 @@ def eliminated(problem: Problem, table_budget: float) -> tuple[Adjacency, float,
         elim.undo(assign)
         return [assign[i] for i in range(problem.num_nodes)]
 
-    return build_adjacency(unary, edges, higher), offset + elim.offset, expand
+    return build_adjacency(unary, edges, higher), offset + elim.offset, expand, nodes
 
 
 def _finite(problem: Problem) -> Problem:
