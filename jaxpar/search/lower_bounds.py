@@ -37,9 +37,10 @@ from ..solver.problem import Problem, assignment_cost
 # makes what the dual sees smaller and its bound tighter)
 BOUND_TABLE = 1e6
 BOUND_SWEEPS = 150  # star updates per dual at most (counted, so plans stay deterministic)
-# and at most this many table entries read by one dual's sweeps (counted too: about 4 s on this
-# machine; it binds only on 4-axis meshes, 52 M entries a sweep before pruning)
-BOUND_WORK = 2e9
+# and at most this much work (table entries read, `DualBound.entries`) in one dual's sweeps
+# (counted too: about 1 s on this machine; it binds on 4-axis meshes, 52 M entries a sweep
+# before pruning, and on untied steps with many shared reshards); a λ dual gets half
+BOUND_WORK = 5e8
 LAMBDA_STEPS = 4  # duals of λ C + (1 − λ) X tried under "overlap"
 BELOW_FLOOR = 2  # stop after this many in a row below the compute stream's bound
 
@@ -126,8 +127,9 @@ def overlap_bound(
         )
         upper = min((assignment_cost(mixed, x) for x in [*known, *plans]), default=math.inf)
         res = dual_bound(
-            mixed, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE, upper=upper, work=BOUND_WORK
-        )
+            mixed, deadline, BOUND_SWEEPS, table_budget=BOUND_TABLE, upper=upper,
+            work=BOUND_WORK / 2,
+        )  # fmt: skip
         tried.append((lam, res.value))
         best = max(best, res.value)
         plans.append(res.assignment)
