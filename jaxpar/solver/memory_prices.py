@@ -98,7 +98,9 @@ class PriceSchedule:
         self.high: float | None = None  # smallest scale seen fitting
         self.shape = np.zeros(segments.count)  # 1 on the priced segments
         self.low_over: np.ndarray | None = None  # where the plan at ``low`` overflows
-        self.rounds = self.reshapes = self.probes = 0
+        self.rounds = self.reshapes = 0
+        self.pending: list[float] = []  # probe scales still to try
+        self.probed = self.probing = False  # probes scheduled on this shape; this round's
 
     def prices(self) -> np.ndarray:
         return self.scale * self.shape
@@ -111,7 +113,8 @@ class PriceSchedule:
         """Bisected and probed above, with no reshaping left to try."""
         return (
             self.bisected()
-            and self.probes >= len(PROBES)
+            and self.probed
+            and not self.pending
             and (self.reshapes >= MAX_RESHAPES or not self._narrower())
         )
 
@@ -124,18 +127,21 @@ class PriceSchedule:
         seg = self.segments
         over = (load > seg.limit) & seg.can_overflow
         self.rounds += 1
-        if not self.probes:  # probes above the bracket leave it as it is
+        if not self.probing:  # probes above the bracket leave it as it is
             self._bracket(over)
-        if self.bisected() and self.probes < len(PROBES):
+        self.probing = False
+        if self.high is not None and not self.probed:
             # message passing is no exact solver: a higher price may give a cheaper plan
-            # that fits (A: 6.92e9 at 40x the bracket, 7.20e9 at it); probe above it
-            self.probes += 1
-            self.scale = self.high * PROBES[self.probes - 1]
+            # that fits (A: 6.92e9 at 64x the lowest fitting price, 7.20e9 at it); probe
+            # above the first price that fits, then go on bracketing
+            self.pending, self.probed = [self.high * p for p in PROBES], True
+        if self.pending:
+            self.scale, self.probing = self.pending.pop(0), True
         elif self.bisected() and self._narrower() and self.reshapes < MAX_RESHAPES:
             shape = self.low_over.astype(float)
             self.scale = self.high * self.shape.sum() / max(shape.sum(), 1.0)
             self.shape, self.low, self.high, self.low_over = shape, None, None, None
-            self.reshapes, self.probes = self.reshapes + 1, 0
+            self.reshapes, self.probed = self.reshapes + 1, False
         elif self.low is not None and self.high is not None:
             self.scale = math.sqrt(self.low * self.high)
         elif self.high is None:
