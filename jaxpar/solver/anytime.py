@@ -44,7 +44,7 @@ from .series import fold_series
 Log = Callable[[str], None]
 REGRET_SEEDS = 256  # polish seeds a share of its neighbourhoods at the nodes losing most
 MAX_PRICE_ROUNDS = 40  # Lagrangian rounds at most
-STALL_ROUNDS = 5  # and none once this many in a row found no better plan that fits
+STALL_ROUNDS = 8  # and none once this many in a row (probes aside) found no better plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ class AnytimeOptions:
     region_budget: float = 1e5  # largest table when solving one
     message_iterations: int = 30  # message passing per solve
     dominance: bool = False  # remove dominated configurations (slow on 30k nodes, rarely helps)
-    price_share: float = 0.75  # of the time left, at most this much for priced rounds
+    price_share: float = 0.65  # of the time left, at most this much for priced rounds
     stall: int | None = None  # stop polishing after this many neighbourhoods without gain
 
 
@@ -317,26 +317,26 @@ def _price_rounds(run: _Run, x: np.ndarray) -> None:
     """Lagrangian rounds while time is left for them: price, solve, repair near misses."""
     seg, graph = run.segments, run.graph
     end = time.perf_counter() + run.options.price_share * run.left()
-    schedule = PriceSchedule(seg, _first_scale(run, x))
-    schedule.update(seg.load(x))
+    schedule = PriceSchedule(seg, _first_scale(run, x), seg.load(x))
     last, stalled = x, 0
     while time.perf_counter() < end and schedule.rounds < MAX_PRICE_ROUNDS:
         if schedule.done() or stalled >= STALL_ROUNDS:
             break
         run.counts["price_rounds"] += 1
-        before = run.best_cost
+        before, probe = run.best_cost, schedule.probing
         unary = seg.penalized(graph.unary, schedule.prices())
         seconds = max(0.05, 0.1 * (end - time.perf_counter()))
         relief = float(schedule.prices() @ np.maximum(seg.limit - seg.least_load, 0.0))
         last = run.solve(unary, [last, x, *_known(run)], seconds, relief=relief)
-        cost, over = run.consider(last, f"price round {schedule.rounds}")
-        run.log(f"price round {schedule.rounds}: scale {schedule.scale:.3g} on "
+        cost, over = run.consider(last, f"price round {schedule.rounds + 1}")
+        run.log(f"price round {schedule.rounds + 1}: scale {schedule.scale:.3g} on "
                 f"{int(schedule.shape.sum())} segments: cost {cost:.6g} over "
                 f"{over / seg.limit:+.2%}")  # fmt: skip
         if 0 < over < 0.2 * seg.limit and cost < run.best_cost:
             _repair_and_polish(run, last, end)
         schedule.update(seg.load(last))
-        stalled = stalled + 1 if run.best_cost >= before else 0
+        if not probe:  # probes are a side trip: they neither stall the rounds nor restart them
+            stalled = stalled + 1 if run.best_cost >= before else 0
 
 
 def _first_scale(run: _Run, x: np.ndarray) -> float:

@@ -90,13 +90,16 @@ class PriceSchedule:
     the plan at the first bracket's low end 5,250 of 28,827; priced there, a plan that fits
     costs 6.91e9 instead of 7.20e9)."""
 
-    def __init__(self, segments: Segments, scale: float):
+    def __init__(self, segments: Segments, scale: float, unpriced_load: np.ndarray):
+        """``scale``: the first price; ``unpriced_load``: usage per segment of the unpriced
+        plan (its overflowing segments are priced first)."""
         self.segments = segments
         # the price on every segment of the shape
         self.scale = min(max(scale, 1 / MAX_SCALE), MAX_SCALE) if math.isfinite(scale) else 1.0
         self.low: float | None = None  # largest scale seen overflowing
         self.high: float | None = None  # smallest scale seen fitting
-        self.shape = np.zeros(segments.count)  # 1 on the priced segments
+        over = (unpriced_load > segments.limit) & segments.can_overflow
+        self.shape = over.astype(float)  # 1 on the priced segments
         self.low_over: np.ndarray | None = None  # where the plan at ``low`` overflows
         self.rounds = self.reshapes = 0
         self.pending: list[float] = []  # probe scales still to try
