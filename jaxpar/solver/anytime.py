@@ -42,6 +42,7 @@ from .problem import Problem, Solution, assignment_cost
 from .series import fold_series
 
 Log = Callable[[str], None]
+EFFORT = 4  # improve_plan solves at most this many times ``stall`` neighbourhoods
 REGRET_SEEDS = 256  # polish seeds a share of its neighbourhoods at the nodes losing most
 MAX_PRICE_ROUNDS = 40  # Lagrangian rounds at most
 STALL_ROUNDS = 8  # and none once this many in a row (probes aside) found no better plan
@@ -258,7 +259,8 @@ def improve_plan(
     deadline: float = math.inf,
 ) -> Solution:
     """``start`` improved by single-node moves and exact neighbourhoods (`neighbourhoods`)
-    until ``stall`` neighbourhoods in a row bring nothing (or ``deadline``). Deterministic for
+    until ``stall`` neighbourhoods in a row bring nothing, ``EFFORT`` × ``stall`` in all (or
+    ``deadline``). Deterministic for
     a given ``seed`` (the effort is counted, not timed, unless the deadline hits); never worse
     than ``start``. Memory, if the problem has it, is kept within the limit by every move.
     Block descent's plans go through it (`descent.solve`)."""
@@ -269,7 +271,9 @@ def improve_plan(
     moves = search.icm(sweeps=20)
     hoods = Neighbourhoods(graph, search.rng, region_size)
     stalled = 0
-    while stalled < stall and time.perf_counter() < deadline:
+    while (
+        stalled < stall and search.region_tries < EFFORT * stall and time.perf_counter() < deadline
+    ):
         region = hoods.draw()
         if not region:
             break
