@@ -324,7 +324,7 @@ def _price_rounds(run: _Run, x: np.ndarray) -> None:
     schedule = PriceSchedule(seg, _first_scale(run, x), seg.load(x))
     last, stalled = x, 0
     while time.perf_counter() < end and schedule.rounds < MAX_PRICE_ROUNDS:
-        if schedule.done() or stalled >= STALL_ROUNDS:
+        if stalled >= STALL_ROUNDS:
             break
         run.counts["price_rounds"] += 1
         before, probe = run.best_cost, schedule.probing
