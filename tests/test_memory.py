@@ -557,7 +557,9 @@ def test_budget_under_overlap_reaches_a_sweeps_fastest_fitting_plan():
 
 def _fitting_sweep(free, budget, lams) -> list[float]:
     """The objectives of the fitting solutions of the Lagrangian problems at ``lams``, each
-    the full search from the free plan, the proxy growing by every solution's peak."""
+    the full search from the free plan, the proxy growing by every solution's peak. The
+    search is the budget's own (block descent, no local search after it): the sweep checks
+    the budget's choice of λ, not the solver."""
     from jaxpar.cost.evaluation import evaluate
     from jaxpar.search.memory_budget import _Proxy
     from jaxpar.solver.descent import solve
@@ -570,7 +572,10 @@ def _fitting_sweep(free, budget, lams) -> list[float]:
     for lam in lams:
         unary = [u + lam * b for u, b in zip(base.unary, proxy.nodes, strict=True)]
         problem = Problem(unary, base.edges, base.blocks, base.factors)
-        a = tuple(solve(problem, starts=[free.assignment], budget=free.options.budget).assignment)
+        sol = solve(
+            problem, starts=[free.assignment], budget=free.options.budget, local_search=False
+        )
+        a = tuple(sol.assignment)
         estimate, peak = model.estimate_with_peak(a, budget)
         proxy.add(peak)
         if estimate.fits:

@@ -42,8 +42,10 @@ from .problem import Problem, Solution, assignment_cost
 from .series import fold_series
 
 Log = Callable[[str], None]
+EFFORT = 4  # improve_plan solves at most this many times ``stall`` neighbourhoods
 REGRET_SEEDS = 256  # polish seeds a share of its neighbourhoods at the nodes losing most
 MAX_PRICE_ROUNDS = 40  # Lagrangian rounds at most
+STALL_ROUNDS = 8  # and none once this many in a row (probes aside) found no better plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +57,7 @@ class AnytimeOptions:
     region_budget: float = 1e5  # largest table when solving one
     message_iterations: int = 30  # message passing per solve
     dominance: bool = False  # remove dominated configurations (slow on 30k nodes, rarely helps)
-    price_share: float = 0.6  # of the time, at most this much for priced rounds
+    price_share: float = 0.65  # of the time left, at most this much for priced rounds
     stall: int | None = None  # stop polishing after this many neighbourhoods without gain
 
 
@@ -116,6 +118,7 @@ class _Run:
         seconds: float,
         damping: float = 0.5,
         relief: float | None = 0.0,
+        methods: tuple[str, ...] | None = None,
     ) -> np.ndarray:
         """A plan for ``unary`` (penalized or not): fold, message passing on the core (the
         method that has won so far, now and then the other), the best of its plans and the
@@ -134,7 +137,7 @@ class _Run:
         best = _Best(graph, self.rng, lambda xc, label: self.consider(core.expand(xc), label))
         for w in warm:
             best.offer(np.asarray(w)[nodes], "warm")
-        for method in self._methods():
+        for method in methods or self._methods():
             if method == "parallel":
                 passing = MessagePassing(graph)
                 stop = lambda: time.perf_counter() > self.deadline  # its iterations in full
@@ -197,12 +200,12 @@ def _sequential(
     plan; returns the message passing (its messages give a lower bound)."""
     passing = SequentialMessagePassing(graph)
     since, record = 0, math.inf
-    for x in passing.run(most, stop=lambda: time.perf_counter() > end):
+    for k, x in enumerate(passing.run(most, stop=lambda: time.perf_counter() > end)):
         value = best.offer(x, "sequential")
         since = 0 if value < record else since + 1
         record = min(record, value)
-        if since >= patience:
-            break
+        if since >= patience or (k >= 2 and record >= BIG):
+            break  # stalled, or its plans keep forbidden pairs (A: decoding runs into them)
     return passing
 
 
@@ -256,7 +259,8 @@ def improve_plan(
     deadline: float = math.inf,
 ) -> Solution:
     """``start`` improved by single-node moves and exact neighbourhoods (`neighbourhoods`)
-    until ``stall`` neighbourhoods in a row bring nothing (or ``deadline``). Deterministic for
+    until ``stall`` neighbourhoods in a row bring nothing, ``EFFORT`` × ``stall`` in all (or
+    ``deadline``). Deterministic for
     a given ``seed`` (the effort is counted, not timed, unless the deadline hits); never worse
     than ``start``. Memory, if the problem has it, is kept within the limit by every move.
     Block descent's plans go through it (`descent.solve`)."""
@@ -267,7 +271,9 @@ def improve_plan(
     moves = search.icm(sweeps=20)
     hoods = Neighbourhoods(graph, search.rng, region_size)
     stalled = 0
-    while stalled < stall and time.perf_counter() < deadline:
+    while (
+        stalled < stall and search.region_tries < EFFORT * stall and time.perf_counter() < deadline
+    ):
         region = hoods.draw()
         if not region:
             break
@@ -300,7 +306,9 @@ def _safe_start(run: _Run) -> None:
         run.consider(np.zeros(graph.num_nodes, np.int64), "safe start")
         return
     mu = np.full(seg.count, 1e3 * costs / spread)
-    x = run.solve(seg.penalized(graph.unary, mu), [], max(0.05, 0.05 * run.left()), relief=None)
+    unary = seg.penalized(graph.unary, mu)
+    # parallel min-sum only: any plan that fits will do here, and TRW-S costs seconds on A
+    x = run.solve(unary, [], max(0.05, 0.05 * run.left()), relief=None, methods=("parallel",))
     _, over = run.consider(x, "safe start")
     if over > 0:
         search = LocalSearch(graph, x, memory=seg, seed=run.options.seed)
@@ -313,24 +321,26 @@ def _price_rounds(run: _Run, x: np.ndarray) -> None:
     """Lagrangian rounds while time is left for them: price, solve, repair near misses."""
     seg, graph = run.segments, run.graph
     end = time.perf_counter() + run.options.price_share * run.left()
-    schedule = PriceSchedule(seg, _first_scale(run, x))
-    schedule.update(seg.load(x))
-    last = x
+    schedule = PriceSchedule(seg, _first_scale(run, x), seg.load(x))
+    last, stalled = x, 0
     while time.perf_counter() < end and schedule.rounds < MAX_PRICE_ROUNDS:
-        if schedule.done():
+        if stalled >= STALL_ROUNDS:
             break
         run.counts["price_rounds"] += 1
+        before, probe = run.best_cost, schedule.probing
         unary = seg.penalized(graph.unary, schedule.prices())
         seconds = max(0.05, 0.1 * (end - time.perf_counter()))
         relief = float(schedule.prices() @ np.maximum(seg.limit - seg.least_load, 0.0))
         last = run.solve(unary, [last, x, *_known(run)], seconds, relief=relief)
-        cost, over = run.consider(last, f"price round {schedule.rounds}")
-        run.log(f"price round {schedule.rounds}: scale {schedule.scale:.3g} on "
+        cost, over = run.consider(last, f"price round {schedule.rounds + 1}")
+        run.log(f"price round {schedule.rounds + 1}: scale {schedule.scale:.3g} on "
                 f"{int(schedule.shape.sum())} segments: cost {cost:.6g} over "
                 f"{over / seg.limit:+.2%}")  # fmt: skip
         if 0 < over < 0.2 * seg.limit and cost < run.best_cost:
             _repair_and_polish(run, last, end)
         schedule.update(seg.load(last))
+        if not probe:  # probes are a side trip: they neither stall the rounds nor restart them
+            stalled = stalled + 1 if run.best_cost >= before else 0
 
 
 def _first_scale(run: _Run, x: np.ndarray) -> float:
@@ -350,9 +360,11 @@ def _repair_and_polish(run: _Run, x: np.ndarray, end: float) -> None:
     """Repair an overflowing plan greedily, then single moves that keep it fitting."""
     run.counts["repairs"] += 1
     search = LocalSearch(run.graph, x, memory=run.segments, seed=run.options.seed)
-    if repair(search, deadline=min(end, time.perf_counter() + 0.05 * max(run.left(), 0))):
+    fits = repair(search, deadline=min(end, time.perf_counter() + 0.1 * max(run.left(), 0)))
+    if fits:
         search.icm(sweeps=5)
         run.consider(search.x, "repaired")
+    run.log(f"repair {'fits' if fits else 'ran out of time'}: cost {run.graph.cost(search.x):.6g}")
 
 
 def _polish(run: _Run) -> None:

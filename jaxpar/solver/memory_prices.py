@@ -8,9 +8,8 @@ penalized unary cost is u_v(c) + lambda_v (usage_v(c) - min usage_v). Segments t
 overflow (even every node at its largest usage fits) are never priced.
 
 `PriceSchedule` tunes the prices: one scale on a set of segments (first those the unpriced plan
-overflows), bracketed by geometric steps and bisected (a fitting solution lowers it, an
-overflowing one raises it); then the set becomes the segments the cheaper, overflowing plan of
-the bracket overflows, and the scale is bracketed again.
+overflows), probed above the first price that fits, bracketed by geometric steps and bisected
+(a fitting solution lowers it, an overflowing one raises it); then refined per segment.
 Pure: numpy only.
 """
 
@@ -25,8 +24,7 @@ import numpy as np
 from .problem import MemoryConstraint
 
 MAX_SCALE = 1e30  # prices stay finite (and positive)
-MAX_RESHAPES = 6  # times the priced segments move to where a cheaper plan overflows
-PROBES = (4.0, 16.0, 64.0, 256.0)  # then the scales tried above the bracket's (× its top)
+PROBES = (4.0, 16.0, 64.0)  # scales probed above the first fitting one (× it)
 ALLOWED_BELOW = 1e19  # a field at or above this holds a forbidden entry (`domains.BIG`)
 
 
@@ -83,59 +81,55 @@ class Segments:
 class PriceSchedule:
     """Segment prices for the next Lagrangian solve, from the solutions so far.
 
-    One scale on a shape (which segments are priced): bracketed by ×8 steps, then bisected.
-    Once the bracket is within 1.5×, the shape becomes the segments the bracket's overflowing
-    plan (the cheaper one) overflows, and the scale is bracketed again: prices move to where
-    the cheaper plans break the limit (IOPDDL A: the unpriced plan overflows every segment;
-    the plan at the first bracket's low end 5,250 of 28,827; priced there, a plan that fits
-    costs 6.91e9 instead of 7.20e9)."""
+    One scale on the segments the unpriced plan overflows. As soon as a scale gives a plan that
+    fits, probes at 4, 16 and 64 times it (message passing is no exact solver: on IOPDDL A the plan
+    that fits at the lowest fitting price costs 7.20e9, at 16-64 times it 6.92e9); then the
+    scale is bracketed by ×8 steps and bisected to within 1.5×; then, at the bracket's top,
+    per-segment factors go up (×1.6) where the latest plan overflows and down (×0.85) where it
+    leaves 3 % slack, so the prices settle where plans near the limit are found (the rounds'
+    caller repairs those)."""
 
-    def __init__(self, segments: Segments, scale: float):
+    def __init__(self, segments: Segments, scale: float, unpriced_load: np.ndarray):
+        """``scale``: the first price; ``unpriced_load``: usage per segment of the unpriced
+        plan (its overflowing segments are priced first)."""
         self.segments = segments
         # the price on every segment of the shape
         self.scale = min(max(scale, 1 / MAX_SCALE), MAX_SCALE) if math.isfinite(scale) else 1.0
         self.low: float | None = None  # largest scale seen overflowing
         self.high: float | None = None  # smallest scale seen fitting
-        self.shape = np.zeros(segments.count)  # 1 on the priced segments
-        self.low_over: np.ndarray | None = None  # where the plan at ``low`` overflows
-        self.rounds = self.reshapes = self.probes = 0
+        over = (unpriced_load > segments.limit) & segments.can_overflow
+        self.shape = over.astype(float)  # 1 on the priced segments
+        self.refine = np.ones(segments.count)  # per-segment factors once bisected
+        self.rounds = 0
+        self.pending: list[float] = []  # probe scales still to try
+        self.probed = self.probing = False  # probes scheduled on this shape; this round's
 
     def prices(self) -> np.ndarray:
-        return self.scale * self.shape
+        return self.scale * self.shape * self.refine
 
     def bisected(self) -> bool:
         """Whether the scale is bracketed within a factor of 1.5."""
         return self.low is not None and self.high is not None and self.high < 1.5 * self.low
-
-    def done(self) -> bool:
-        """Bisected and probed above, with no reshaping left to try."""
-        return (
-            self.bisected()
-            and self.probes >= len(PROBES)
-            and (self.reshapes >= MAX_RESHAPES or not self._narrower())
-        )
-
-    def _narrower(self) -> bool:
-        """Whether the bracket's overflowing plan overflows fewer segments than are priced."""
-        return self.low_over is not None and 0 < self.low_over.sum() < self.shape.sum()
 
     def update(self, load: np.ndarray) -> None:
         """Next prices after a solution with usage ``load`` per segment."""
         seg = self.segments
         over = (load > seg.limit) & seg.can_overflow
         self.rounds += 1
-        if not self.probes:  # probes above the bracket leave it as it is
+        if not self.probing:  # probes above the bracket leave it as it is
             self._bracket(over)
-        if self.bisected() and self.probes < len(PROBES):
+        self.probing = False
+        if self.high is not None and not self.probed:
             # message passing is no exact solver: a higher price may give a cheaper plan
-            # that fits (A: 6.92e9 at 40x the bracket, 7.20e9 at it); probe above it
-            self.probes += 1
-            self.scale = self.high * PROBES[self.probes - 1]
-        elif self.bisected() and self._narrower() and self.reshapes < MAX_RESHAPES:
-            shape = self.low_over.astype(float)
-            self.scale = self.high * self.shape.sum() / max(shape.sum(), 1.0)
-            self.shape, self.low, self.high, self.low_over = shape, None, None, None
-            self.reshapes, self.probes = self.reshapes + 1, 0
+            # that fits (A: 6.92e9 at 64x the lowest fitting price, 7.20e9 at it); probe
+            # above the first price that fits, then go on bracketing
+            self.pending, self.probed = [self.high * p for p in PROBES], True
+        if self.pending:
+            self.scale, self.probing = self.pending.pop(0), True
+        elif self.bisected():  # per segment: up where the plan overflows, down where slack
+            self.scale = self.high
+            self.refine[over] *= 1.6
+            self.refine[load < 0.97 * seg.limit] *= 0.85
         elif self.low is not None and self.high is not None:
             self.scale = math.sqrt(self.low * self.high)
         elif self.high is None:
@@ -149,7 +143,7 @@ class PriceSchedule:
             if not self.shape.any():
                 self.shape = over.astype(float)
             if self.low is None or self.scale >= self.low:
-                self.low, self.low_over = self.scale, over
+                self.low = self.scale
         elif self.high is None or self.scale < self.high:
             self.high = self.scale
 
