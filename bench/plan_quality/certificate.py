@@ -8,6 +8,15 @@ that says ``optimal=True`` (the script exits 1 if one does).
 
     python bench/plan_quality/certificate.py --json bench/plan_quality/results/certificate.json \
         --md bench/plan_quality/results/certificate.md
+
+``--gaps`` (issue 49): the gap of the zoo's uncertified plans to the best proven lower bound,
+under both objectives: Inception-v3 and GPT-2 124M on 4x4 P100s, unrolled llama3_8b on 64
+H100s (node=8,gpu=8; bf16, per-block remat as bench/scale/scanned.py). Runs at any revision
+(the bound's method and the Eq. 1 certificate are read where the revision records them):
+
+    python bench/plan_quality/certificate.py --gaps \
+        --json bench/plan_quality/results/certificate_gaps.json \
+        --md bench/plan_quality/results/certificate_gaps.md
 """
 
 import argparse
@@ -88,12 +97,85 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+GAP_CASES = ("inception_v3", "gpt2_124m", "llama3_8b")
+
+
+def gap_row(name: str, objective: str) -> dict:
+    """One uncertified case's plan, its best proven lower bound and the gap between them."""
+    from jaxpar.search.candidates import overlap_lower_bound
+
+    if name == "llama3_8b":
+        from jaxpar_zoo.llama import llama_config, llama_example
+
+        ex = llama_example(name, llama_config(name, remat=True, scan_layers=False))
+        mesh, cluster = {"node": 8, "gpu": 8}, "dgx-h100"
+    else:
+        ex, mesh, cluster = zoo.get(name), {"a": 4, "b": 4}, "p100"
+    t0 = time.perf_counter()
+    plan = jaxpar.plan(ex.step, *ex.args, mesh=mesh, cluster=cluster, objective=objective)
+    wall = time.perf_counter() - t0
+    cost, lower = plan.evaluation.objective, plan.lower_bound
+    row = {
+        "model": name, "mesh": mesh, "cluster": cluster, "objective": objective,
+        "cost_s": cost, "lower_bound_s": lower, "optimal": plan.optimal,
+        "gap": None if lower is None else max(0.0, cost - lower) / cost,
+        "bound_method": getattr(plan.choice, "bound_method", None),
+        "compute_stream_s": overlap_lower_bound(plan.eval_context(), None),
+        "tied": plan.choice.tying is not None,
+        "search_s": plan.stats["search_s"], "dual_s": plan.stats.get("dual_time_s", 0.0),
+        "plan_s": wall,
+    }  # fmt: skip
+    return row
+
+
+def gaps_markdown(rows: list[dict], command: str) -> str:
+    lines = [
+        "# Gaps of the uncertified plans to the best proven lower bound (issue 49)",
+        "",
+        f"`{command}`",
+        "",
+        "| model | mesh | objective | plan ms | lower bound ms | gap | bound | space | "
+        "search s | of it bounds s |",
+        "|---|---|---|---:|---:|---:|---|---|---:|---:|",
+    ]
+    for r in rows:
+        mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
+        lb = r["lower_bound_s"]
+        gap = "certified" if r["optimal"] else ("-" if r["gap"] is None else f"{r['gap']:.2%}")
+        space = "tied layers" if r["tied"] and r["bound_method"] != "compute stream" else "all"
+        lines.append(
+            f"| {r['model']} | {mesh} ({r['cluster']}) | {r['objective']} | "
+            f"{r['cost_s'] * 1e3:.4f} | {'-' if lb is None else f'{lb * 1e3:.4f}'} | {gap} | "
+            f"{r['bound_method'] or '-'} | {space} | {r['search_s']:.2f} | {r['dual_s']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def gaps(args) -> int:
+    rows = []
+    for name in GAP_CASES:
+        for objective in ("overlap", "time"):
+            rows.append(gap_row(name, objective))
+            print(rows[-1], flush=True)
+    command = "python bench/plan_quality/certificate.py " + " ".join(sys.argv[1:])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": command, "rows": rows}, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(gaps_markdown(rows, command))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
     parser.add_argument("--md")
     parser.add_argument("--models", nargs="*", default=list(zoo.NAMES))
+    parser.add_argument("--gaps", action="store_true", help="the uncertified cases' gaps")
     args = parser.parse_args()
+    if args.gaps:
+        return gaps(args)
     rows = []
     for name in args.models:
         for mesh in SETUPS:

@@ -65,6 +65,7 @@ commands:
   jaxpar plan MODEL ...   plan a zoo model on any mesh and cluster (no accelerator needed)
   jaxpar clusters         the cluster presets, every number with its source
   jaxpar calibrate        measure the devices at hand; write a file for --cluster FILE
+  jaxpar solve FILE [S]   solve an IOPDDL contest problem (JSON) within S seconds
 
 examples:
   jaxpar plan vgg16 --mesh node=4,gpu=4 --cluster p100 --strategy all
@@ -621,6 +622,11 @@ def _one_line(message: object) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `jaxpar`; returns the exit status (2: bad input, reported as one line)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["solve"]:  # light: no parser, nothing heavy imported (cli/solve.py)
+        from .solve import solve_command
+
+        return solve_command(argv[1:])
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)

@@ -322,6 +322,10 @@ def plan_stats(
         stats["fell_back_to"] = choice.fell_back_to
     stats["objective"] = choice.evaluation.objective
     stats["lower_bound"] = choice.lower_bound
+    stats["bound_method"] = choice.bound_method
+    if choice.lower_bound is not None:  # the certificate's gap, relative to the reported cost
+        gap = choice.evaluation.objective - choice.lower_bound
+        stats["bound_gap"] = max(0.0, gap) / max(choice.evaluation.objective, 1e-300)
     stats["equations"] = len(traced.program.eqns)
     stats["nodes"] = len(tables.configs)
     stats["free_nodes"] = sum(1 for c in tables.configs if len(c) > 1)

@@ -193,20 +193,29 @@ def host_line(plan) -> str:
 
 
 def certificate_line(plan: Plan) -> str:
-    """What ``optimal`` means for this plan, in one line (and, when repeated layers were
-    searched as one, the space it speaks about)."""
+    """What ``optimal`` means for this plan, in one line: certified, or its gap to the best
+    proven lower bound and the space that bound speaks about (every plan, or, when repeated
+    layers were searched as one, every plan giving them equal layouts)."""
     tying = plan.choice.tying if plan.strategy in ("auto", "hypar") else None
-    space, copies = "every plan's cost", 0
-    if tying is not None:
-        copies = sum(n for _, n in tying.families)
-        space = f"the cost of every plan giving repeated layers ({copies} copies) equal layouts"
+    method = plan.choice.bound_method
+    copies = sum(n for _, n in tying.families) if tying is not None else 0
+    tied = f"giving repeated layers ({copies} copies) equal layouts"
+    space = "every plan's cost" if tying is None else f"the cost of every plan {tied}"
     searched = ""
-    if plan.objective == "overlap":  # `choose.overlap_lower_bound`: over every plan, tied or not
-        space = "every plan's overlapped step (its compute stream alone)"
-        if tying is not None:
-            searched = f"; repeated layers ({copies} copies) were searched with equal layouts"
+    if plan.objective == "overlap":
+        if method == "streams":  # `lower_bounds.overlap_bound`: over the searched space
+            of = "every plan's" if tying is None else f"the overlapped step of every plan {tied}"
+            space = (
+                f"{of} overlapped step (the larger of its compute and communication streams)"
+                if tying is None
+                else f"{of} (the larger of its compute and communication streams)"
+            )
+        else:  # `choose.overlap_lower_bound`: over every plan, tied or not
+            space = "every plan's overlapped step (its compute stream alone)"
+            if tying is not None:
+                searched = f"; repeated layers ({copies} copies) were searched with equal layouts"
     if plan.optimal:
-        return f"optimal: certified (reported cost = exact lower bound of {space})"
+        return f"optimal: certified (reported cost = proven lower bound of {space})"
     if plan.strategy not in ("auto", "hypar"):
         return f"optimal: not claimed ({plan.strategy} is a fixed rule)"
     if plan.lower_bound is None:
@@ -216,9 +225,9 @@ def certificate_line(plan: Plan) -> str:
         return f"optimal: not certified ({wide})"
     gap = plan.evaluation.objective - plan.lower_bound
     rel = gap / max(plan.evaluation.objective, 1e-30)
-    return (
-        f"optimal: not certified (within {rel:.2%} of the exact lower bound of {space}{searched})"
-    )
+    how = {"elimination": "exact", "dual": "LP dual"}.get(method or "", "")
+    proof = f"a proven lower bound ({how})" if how else "a proven lower bound"
+    return f"optimal: not certified (within {rel:.2%} of {proof} of {space}{searched})"
 
 
 def plan_report(plan: Plan) -> str:

@@ -33,14 +33,19 @@ from ..nodes.repeated_blocks import MIN_TIED_NODES, ReducedTables, Tying, find_r
 from ..solver.descent import solve
 from ..solver.elimination import eliminates, graph_eliminates, solve_exact
 from ..solver.kcut import cut_order, kcut, project, recut_and_descend, restrict
-from ..solver.problem import Problem
+from ..solver.problem import Problem, SearchBudget, Solution, assignment_cost
 from .baselines import BASELINES, baseline_assignment, hypar_space
+from .lower_bounds import overlap_bound, search_bound, streams_problems
 from .options import PlannerOptions
 
 Tick = Callable[[str], None]
 # after block descent: at most this many alternations of re-cutting the mesh axes (`kcut.recut`)
 # and descent again
 RECUT_ROUNDS = 4
+# each LP dual of an uncertified search (`lower_bounds`) stops after this long, or after 3x as
+# long as the search took if that is longer: a guard only (their work is counted,
+# `lower_bounds.BOUND_WORK`, so plans stay deterministic)
+BOUND_SECONDS = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +120,9 @@ class Choice:
     assignment: tuple[int, ...]
     evaluation: Evaluation
     optimal: bool  # certified: reported objective == exact lower bound (within 1e-9)
-    lower_bound: float | None  # exact minimum of the bound problem, when it was solved
+    # a proven lower bound of every plan's reported cost (over the searched space: see
+    # ``bound_method``), when one was found: an exact minimum or an LP dual bound
+    lower_bound: float | None
     runs: dict[str, SearchRun]  # every search that ran
     baselines: Baselines  # the hand plans, evaluated when read
     fell_back_to: str | None  # a baseline that beat the search under the reported cost
@@ -126,6 +133,12 @@ class Choice:
     step_lower_bound: float | None = None
     # with a tying: the tied problem's tables (`Tying.reduce_tables` of ``tables.problem``)
     tied_tables: ReducedTables | None = None
+    # how ``lower_bound`` was proved: "elimination" (an exact minimum), "dual" (the LP dual of
+    # the search's bound problem, `lower_bounds`), "compute stream" (Σ min t_C, "overlap"),
+    # "streams" (max of the compute and communication streams, "overlap"); None: no bound.
+    # Only "compute stream" speaks of every plan; the others of the searched space (tied
+    # layers, HyPar's)
+    bound_method: str | None = None
 
 
 def reaches(value: float, lower_bound: float | None) -> bool:
@@ -183,8 +196,13 @@ def choose(
         a, ev = min(evals, key=lambda x: x[1].objective)
         runs[name] = SearchRun(name, a, ev, exact, False, time.perf_counter() - t0, stats)
     step_lower = None
+    elim = runs.get("elimination")
+    method = elim.stats.get("bound_method") if elim is not None else None
     if options.objective == "overlap":  # the searches certified Eq. 1, an upper bound of it
-        step_lower, lower = lower, overlap_lower_bound(ctx, space)
+        step_lower, lower, method = lower, overlap_lower_bound(ctx, space), "compute stream"
+        streams = elim.stats.get("streams_bound") if elim is not None else None
+        if streams is not None and streams > lower:
+            lower, method = streams, "streams"
     runs = {
         n: dataclasses.replace(r, certified=reaches(r.evaluation.objective, lower))
         for n, r in runs.items()
@@ -204,7 +222,7 @@ def choose(
     optimal = reaches(evaluation.objective, lower)
     return Choice(
         options.strategy, assignment, evaluation, optimal, lower, runs, baselines, fell_back,
-        tying, step_lower, tied_tables=shared,
+        tying, step_lower, tied_tables=shared, bound_method=method,
     )  # fmt: skip
 
 
@@ -229,16 +247,17 @@ def _run_elimination(
 ) -> tuple[list[list[int]], bool, float | None, dict]:
     """Joint elimination over the whole space (or HyPar's ``space``).
 
-    Returns the candidate assignments, whether the search was exact, an exact lower bound of
-    every plan's reported cost (None when none could be solved exactly), and stats. The bound:
-    the problem's own minimum when its tables are exact; else the minimum of ``bound`` (exact
-    tables, 1/k of each read's path where they fell back); when the problem is too wide to
-    eliminate, the pairwise bound (`tables.pairwise_bound`): no tables over several nodes.
-    A bound is only ever solved by exact elimination: one that descent approaches certifies
-    nothing. With a ``tying`` every problem is reduced to its variables first: the bound is
-    then a bound over the tied space.
+    Returns the candidate assignments, whether the search was exact, a proven lower bound of
+    every plan's reported cost (None when none was found), and stats. The bound
+    (`_exact_bound`): the problem's own minimum when its tables are exact; else the minimum of
+    ``bound`` (exact tables, 1/k of each read's path where they fell back); when the problem
+    is too wide to eliminate, the pairwise bound's exact minimum (`tables.pairwise_bound`: no
+    tables over several nodes) or the LP dual bound of ``bound`` (`_dual_bounds`), the
+    larger. A bound descent approaches certifies nothing. With a ``tying`` every problem is
+    reduced to its variables first: the bound is then a bound over the tied space.
     """
     tables, budget = ctx.tables, options.budget
+    t_search = time.perf_counter()
 
     def narrow(p: Problem, same_edges: bool = False) -> Problem:
         """``p`` over the searched variables (``same_edges``: ``p`` has ``tables.problem``'s
@@ -276,27 +295,97 @@ def _run_elimination(
         found.append(alt.assignment)
         stats["combined_sync_objective"] = alt.objective
     t0 = time.perf_counter()
-    if sol.optimal and tables.exact:
-        lower = sol.objective
-    else:
-        if sol.optimal:  # the same graph: it eliminates too
-            bound = narrow(tables.bound)
-        elif graph_eliminates(
-            *narrow_graph(pairwise_graph(ctx.ng, tables), tables.configs, space, tying),
-            budget.table, budget.enum,
-        ):  # fmt: skip
-            bound = narrow(pairwise_bound(ctx.ng, tables))  # priced only if useful
-        else:
-            bound = None
-        if bound is not None and eliminates(bound, budget.table, budget.enum)[0]:
-            low, lower, _ = solve_exact(bound, None, budget.table, budget.enum)
-            found.append(low)
+    lower, method = _exact_bound(ctx, narrow, sol, space, tying, budget, found)
     stats["bound_time_s"] = time.perf_counter() - t0
+    if not sol.optimal:  # too wide to eliminate: the LP dual bound, and the plans read off it
+        lower, method = _dual_bounds(ctx, problem, narrow, lower, method, found, stats, t_search)
+    stats["bound_method"] = method
     if space is not None:
         found = [[space[v][i] for v, i in enumerate(a)] for a in found]
     elif tying is not None:
         found = [tying.expand(a) for a in found]
     return found, sol.optimal, lower, stats
+
+
+def _exact_bound(
+    ctx: EvalContext,
+    narrow: Callable[..., Problem],
+    sol: Solution,
+    space: list[list[int]] | None,
+    tying: Tying | None,
+    budget: SearchBudget,
+    found: list,
+) -> tuple[float | None, str | None]:
+    """The exact minimum of a lower bound of every plan's reported cost, where elimination
+    solves one (`_run_elimination`); its minimizer is appended to ``found``."""
+    tables = ctx.tables
+    if sol.optimal and tables.exact:
+        return sol.objective, "elimination"
+    if sol.optimal:  # the same graph: it eliminates too
+        bound = narrow(tables.bound)
+    elif graph_eliminates(
+        *narrow_graph(pairwise_graph(ctx.ng, tables), tables.configs, space, tying),
+        budget.table, budget.enum,
+    ):  # fmt: skip
+        bound = narrow(pairwise_bound(ctx.ng, tables))  # priced only if useful
+    else:
+        return None, None
+    if not eliminates(bound, budget.table, budget.enum)[0]:
+        return None, None
+    low, lower, _ = solve_exact(bound, None, budget.table, budget.enum)
+    found.append(low)
+    return lower, "elimination"
+
+
+def _dual_bounds(
+    ctx: EvalContext,
+    problem: Problem,
+    narrow: Callable[..., Problem],
+    lower: float | None,
+    method: str | None,
+    found: list,
+    stats: dict,
+    t_search: float,
+) -> tuple[float | None, str | None]:
+    """`lower_bounds`: the LP dual bound of the searched ``bound`` problem (Eq. 1 or bytes),
+    kept if it beats ``lower``, and under "overlap" the streams' bound (in ``stats``); where
+    ``bound`` is not the search's ``problem`` (fallback tables), that problem's dual too, for
+    its plan (on 4-axis meshes block descent's basins are deep: unrolled llama3_8b 249.3 ms,
+    the dual's plan 223.9 ms, optimal). The plans read off the duals are appended to
+    ``found``. Returns the bound and its method."""
+    tables = ctx.tables
+    t1 = time.perf_counter()
+    guard = max(BOUND_SECONDS, 3 * (t1 - t_search))  # each dual's, from its start
+
+    def deadline() -> float:
+        return time.perf_counter() + guard
+
+    if not tables.exact:  # the search's own problem first: its dual's plan is a candidate
+        own = search_bound(problem, deadline(), min(assignment_cost(problem, x) for x in found))
+        found += own.plans
+        stats["search_dual_bound"] = own.value  # of the search's problem, not of `R`
+    low_problem = narrow(tables.bound, same_edges=tables.exact)
+    upper = min(assignment_cost(low_problem, x) for x in found)  # plans of the searched space
+    dual = search_bound(low_problem, deadline(), upper)
+    found += dual.plans
+    if dual.value is not None and (lower is None or dual.value > lower):
+        lower, method = dual.value, "dual"
+    stats["dual_bound"] = dual.value
+    if ctx.params.objective == "overlap":
+        compute, comm = streams_problems(ctx, tables.bound)
+        compute = narrow(Problem(compute, {}, [])).unary
+        comm = narrow(comm, same_edges=tables.exact)
+
+        def streams(x: list[int]) -> tuple[float, float]:
+            return sum(float(compute[v][c]) for v, c in enumerate(x)), assignment_cost(comm, x)
+
+        floor = sum(float(c.min()) for c in compute)  # `overlap_lower_bound` of the space
+        mixed = overlap_bound(compute, comm, streams, deadline(), floor, list(found))
+        found += mixed.plans
+        stats["streams_bound"] = mixed.value
+        stats["streams_lambdas"] = mixed.stats["lambdas"]
+    stats["dual_time_s"] = time.perf_counter() - t1
+    return lower, method
 
 
 def narrow_graph(

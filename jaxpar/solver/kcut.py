@@ -248,7 +248,8 @@ def recut_and_descend(
         y, cut_value = recut(problem, configs, x, budget)
         if not improves(cut_value, value):
             break
-        again = solve(problem, starts=[y], budget=budget)  # no worse than y
+        # block descent alone: the local search ran on the plan this alternation starts from
+        again = solve(problem, starts=[y], budget=budget, local_search=False)  # no worse than y
         x, value = list(again.assignment), again.objective
         if x == y:
             break  # descent kept the re-cut plan: re-cutting it again changes nothing

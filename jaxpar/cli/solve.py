@@ -1,0 +1,101 @@
+"""``jaxpar solve PROBLEM.json[.gz] [TIMEOUT_S]``: solve a problem in the IOPDDL contest's format
+with the search `jaxpar.plan` runs (`solver.descent.solve_within`).
+
+It finishes within TIMEOUT_S seconds (default `DEFAULT_TIMEOUT_S`, the contest's shortest)
+counted from the process's start, reading the file included; progress goes to stderr, and the
+last line on stdout is the answer, one strategy index per node: ``[0, 2, 1, ...]``. Bad input
+(a missing file, malformed JSON, wrong shapes, a timeout that is not a positive number) is one
+line on stderr, ``jaxpar solve: error: ...``, and exit status 2.
+
+Kept light: `cli.main.main` hands ``solve`` here before parsing anything else, and nothing
+here imports jax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+DEFAULT_TIMEOUT_S = 60.0
+# what the answer's printing and the interpreter's exit may take, kept free before the timeout
+EXIT_MARGIN_S = 0.6
+EXIT_SHARE = 0.02  # and this share of the timeout
+
+_IMPORTED = time.perf_counter()
+
+
+def process_elapsed() -> float:
+    """Seconds since this process started (Linux: /proc; elsewhere since this module was
+    imported)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"TIMEOUT_S must be a number of seconds, got {text!r}"
+        ) from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"TIMEOUT_S must be positive and finite, got {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        print(f"jaxpar solve: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def solve_command(argv: list[str]) -> int:
+    """Run ``jaxpar solve``; returns the exit status."""
+    started = time.perf_counter() - process_elapsed()
+    parser = _Parser(
+        prog="jaxpar solve",
+        description="Solve an IOPDDL contest problem (JSON or JSON.gz); the answer is the "
+        "last line on stdout.",
+    )
+    parser.add_argument("problem", metavar="PROBLEM.json[.gz]")
+    parser.add_argument(
+        "timeout", metavar="TIMEOUT_S", nargs="?", type=_timeout, default=DEFAULT_TIMEOUT_S,
+        help=f"seconds from the process's start to its exit (default {DEFAULT_TIMEOUT_S:g})",
+    )  # fmt: skip
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:
+        return int(done.code or 0)
+    from ..solver.contest_format import read_contest
+    from ..solver.descent import solve_within
+
+    deadline = started + args.timeout - EXIT_MARGIN_S - EXIT_SHARE * args.timeout
+
+    def progress(message: str) -> None:
+        print(f"{time.perf_counter() - started:7.2f}s {message}", file=sys.stderr, flush=True)
+
+    try:
+        contest = read_contest(args.problem)
+    except (OSError, ValueError) as err:
+        print(f"jaxpar solve: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    problem = contest.problem
+    progress(f"read {contest.name or args.problem}: {problem.num_nodes} nodes, "
+             f"{len(problem.edges)} edges")  # fmt: skip
+    solution = solve_within(problem, deadline, log=progress)
+    stats = solution.stats
+    phases = ", ".join(f"{k} {v:.2f}s" for k, v in stats.get("phases_s", {}).items())
+    progress(f"{stats.get('method')}: objective {solution.objective:.10g}, fits memory "
+             f"{stats.get('fits_memory', True)}; {phases}")  # fmt: skip
+    counts = {k: v for k, v in stats.items() if isinstance(v, (int, float)) and k != "objective"}
+    progress(f"stats: {counts}")
+    print("[" + ", ".join(str(int(c)) for c in solution.assignment) + "]", flush=True)
+    return 0
