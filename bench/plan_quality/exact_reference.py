@@ -24,13 +24,13 @@ plan at most that cheap keeps its configurations, so "is there a cheaper plan" k
 answer); the table says how much was kept.
 
     python bench/plan_quality/exact_reference.py capture --dir /tmp/exact_reference
-    /work/scratch/ortools_venv/bin/python bench/plan_quality/exact_reference.py solve \\
+    /tmp/ortools_venv/bin/python bench/plan_quality/exact_reference.py solve \\
         --dir /tmp/exact_reference --seconds 60 \\
         --json bench/plan_quality/results/exact_reference.json \\
         --md bench/plan_quality/results/exact_reference.md
 
-(the venv: ``python -m venv --system-site-packages /work/scratch/ortools_venv &&
-/work/scratch/ortools_venv/bin/pip install ortools``).
+(the venv: ``python -m venv --system-site-packages /tmp/ortools_venv &&
+/tmp/ortools_venv/bin/pip install ortools``).
 """
 
 from __future__ import annotations

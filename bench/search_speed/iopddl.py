@@ -8,7 +8,9 @@ results (misc/iopddl_final_results.csv in asplos-contest/2025), where a cost of 
 an infeasible answer.
 
 Only A, G, M and S (released in advance, files present) are run: the contest judged on the
-other twenty, and so do we; never add them here.
+other twenty, and so do we; never add them here. The files are not in the repository:
+``IOPDDL_DATA`` (default /work/shared/iopddl, where this machine had them) names a folder with
+``asplos-2025-iopddl-{A,G,M,S}.json.gz`` and ``iopddl_final_results.csv``.
 
     python bench/search_speed/iopddl.py --json bench/search_speed/results/iopddl.json \\
         --md bench/search_speed/results/iopddl.md
