@@ -106,7 +106,9 @@ def machinery(plan, free, budget: float, limit: float, seconds: float) -> dict:
             problem.unary, problem.edges, problem.blocks, problem.factors,
             MemoryConstraint(spans, usage, cap),
         )  # fmt: skip
-        sol = solve_within(constrained, time.perf_counter() + left / (ROUNDS - r), starts)
+        # half of what is left (all of it in the last round): a plan that fits ends the rounds
+        share = left if r == ROUNDS - 1 else left / 2
+        sol = solve_within(constrained, time.perf_counter() + share, starts)
         a = tuple(sol.assignment)
         est = model.estimate(a, budget)
         ev = evaluate(ctx, a)
