@@ -353,7 +353,9 @@ def test_arguments_exceed_only_plans_that_cannot_fit():
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("name,small,fraction", [("mlp", False, 0.7), ("gpt_small", True, 0.5)])
+# gpt_small at 0.7: its free plan is already lean (the LP dual's plans are candidates), 0.5 fits
+# no plan the budget reaches
+@pytest.mark.parametrize("name,small,fraction", [("mlp", False, 0.7), ("gpt_small", True, 0.7)])
 def test_budget_evaluates_hand_plans_only_when_needed(name, small, fraction, monkeypatch):
     """The memory budget's search evaluates a hand plan only when `best_fit` reaches its
     compute floor (and its arguments may fit): the plan, its cost and its peak are those of

@@ -42,6 +42,7 @@ from .problem import Problem, Solution, assignment_cost
 from .series import fold_series
 
 Log = Callable[[str], None]
+PlanHook = Callable[[list[int]], None]  # a plan that became the answer, original indices
 EFFORT = 4  # improve_plan solves at most this many times ``stall`` neighbourhoods
 REGRET_SEEDS = 256  # polish seeds a share of its neighbourhoods at the nodes losing most
 MAX_PRICE_ROUNDS = 40  # Lagrangian rounds at most
@@ -79,8 +80,12 @@ class _Clock:
 class _Run:
     """One search: the reduced problem, the best plans found, the clock."""
 
-    def __init__(self, problem: Problem, deadline: float, options: AnytimeOptions, log: Log):
+    def __init__(
+        self, problem: Problem, deadline: float, options: AnytimeOptions, log: Log,
+        on_plan: PlanHook | None = None,
+    ):  # fmt: skip
         self.options, self.deadline, self.log = options, deadline, log
+        self.on_plan = on_plan
         self.clock = _Clock()
         self.rng = random.Random(options.seed)
         with self.clock.phase("reduce"):
@@ -92,6 +97,7 @@ class _Run:
         self.best_cost = math.inf
         self.closest: np.ndarray | None = None  # the plan overflowing least, while none fits
         self.closest_over = math.inf
+        self.last_solve_s = 0.0  # how long the latest solve took (a price round costs as much)
         self.counts = {"solves": 0, "price_rounds": 0, "repairs": 0, "restarts": 0}
         self.wins: dict[str, int] = {}  # which proposals ended best, by method
         self.lower_bound = -math.inf  # of the optimum, from TRW-S's messages
@@ -109,6 +115,10 @@ class _Run:
             self.log(f"{label}: cost {cost:.10g}")
         elif over > 0 and self.best is None and over < self.closest_over:
             self.closest, self.closest_over = np.array(x), over
+        else:
+            return cost, over
+        if self.on_plan is not None:
+            self.on_plan(self.domains.to_original(x))
         return cost, over
 
     def solve(
@@ -226,12 +236,15 @@ def anytime_search(
     starts: Sequence[Sequence[int]] = (),
     options: AnytimeOptions | None = None,
     log: Log | None = None,
+    on_plan: PlanHook | None = None,
 ) -> Solution:
     """The best plan found by ``deadline`` (a `time.perf_counter` instant), never one that
     breaks the memory limit while one that fits is known. ``starts``: plans to start from
-    (original indices). Never claims optimality."""
+    (original indices). ``on_plan`` is handed each plan that becomes the answer (original
+    indices), so a caller can answer even if the search is cut short. Never claims
+    optimality."""
     options = options or AnytimeOptions()
-    run = _Run(problem, deadline, options, log or (lambda _message: None))
+    run = _Run(problem, deadline, options, log or (lambda _message: None), on_plan)
     warm = [w for w in (run.domains.from_original(s) for s in starts) if w is not None]
     warm = [np.asarray(w, dtype=np.int64) for w in warm]
     for w in warm:
@@ -240,7 +253,9 @@ def anytime_search(
         with run.clock.phase("safe_start"):
             _safe_start(run)
     with run.clock.phase("solve"):
+        t0 = time.perf_counter()
         x = run.solve(run.graph.unary, [*warm, *_known(run)], max(0.05, 0.15 * run.left()))
+        run.last_solve_s = time.perf_counter() - t0
         run.consider(x, "solve")
     if run.segments is not None and run.best_cost > run.graph.cost(x):
         with run.clock.phase("prices"):
@@ -324,14 +339,16 @@ def _price_rounds(run: _Run, x: np.ndarray) -> None:
     schedule = PriceSchedule(seg, _first_scale(run, x), seg.load(x))
     last, stalled = x, 0
     while time.perf_counter() < end and schedule.rounds < MAX_PRICE_ROUNDS:
-        if stalled >= STALL_ROUNDS:
-            break
+        if stalled >= STALL_ROUNDS or run.left() < run.last_solve_s:
+            break  # stalled, or the round would run past the deadline (a loaded machine)
         run.counts["price_rounds"] += 1
         before, probe = run.best_cost, schedule.probing
         unary = seg.penalized(graph.unary, schedule.prices())
         seconds = max(0.05, 0.1 * (end - time.perf_counter()))
         relief = float(schedule.prices() @ np.maximum(seg.limit - seg.least_load, 0.0))
+        t0 = time.perf_counter()
         last = run.solve(unary, [last, x, *_known(run)], seconds, relief=relief)
+        run.last_solve_s = time.perf_counter() - t0
         cost, over = run.consider(last, f"price round {schedule.rounds + 1}")
         run.log(f"price round {schedule.rounds + 1}: scale {schedule.scale:.3g} on "
                 f"{int(schedule.shape.sum())} segments: cost {cost:.6g} over "
@@ -378,7 +395,7 @@ def _polish(run: _Run) -> None:
         run.consider(search.x, "repaired")
         start = run.best if run.best is not None else start
     search = LocalSearch(run.graph, start, memory=run.segments, seed=run.options.seed + 1)
-    search.icm(sweeps=10)
+    search.icm(sweeps=10, deadline=run.deadline)
     run.consider(search.x, "polish")
     hoods = Neighbourhoods(run.graph, search.rng, run.options.region_size)
     _iterated(run, search, hoods)

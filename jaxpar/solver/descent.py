@@ -161,12 +161,14 @@ def solve_within(
     budget: SearchBudget | None = None,
     log: Callable[[str], None] | None = None,
     options: AnytimeOptions | None = None,
+    on_plan: Callable[[list[int]], None] | None = None,
 ) -> Solution:
     """The best plan by ``deadline`` (a `time.perf_counter` instant), memory constraint
     included: exact elimination when the graph eliminates within ``budget`` (optimal, and
     certified so when its plan also fits the memory limit), else the anytime search
     (`anytime.anytime_search`) from ``starts``; never a plan over the memory limit while one
-    that fits is known. ``jaxpar solve`` runs this."""
+    that fits is known; ``on_plan``: see `anytime.anytime_search`. ``jaxpar solve`` runs
+    this."""
     budget = budget or SearchBudget()
     t0 = time.perf_counter()
     # the exact check costs seconds on 30k-node graphs with hubs, which never eliminate
@@ -181,7 +183,7 @@ def solve_within(
     if log is not None:
         why = "breaks the memory limit" if exact else "too wide" if small else "not tried"
         log(f"exact elimination {why}; anytime search")
-    solution = anytime_search(problem, deadline, starts, options, log)
+    solution = anytime_search(problem, deadline, starts, options, log, on_plan)
     solution.stats["phases_s"] = {"exact_check": time.perf_counter() - t0 - sum(
         solution.stats["phases_s"].values()), **solution.stats["phases_s"]}  # fmt: skip
     return solution

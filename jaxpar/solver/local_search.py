@@ -14,13 +14,17 @@ fitting (the feasibility-preserving polish). Pure: numpy only.
 
 from __future__ import annotations
 
+import math
 import random
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from .adjacency import Adjacency
 from .cutset import minimize
+
+ICM_CHECK = 512  # nodes between two looks at the clock in `LocalSearch.icm`
 
 
 class MemoryLoad:
@@ -133,14 +137,19 @@ class LocalSearch:
         top = min(top, len(lost))
         return np.argpartition(-lost, top - 1)[:top] if top else np.zeros(0, np.int64)
 
-    def icm(self, nodes: Iterable[int] | None = None, sweeps: int = 50) -> int:
-        """Single-node moves until none improves (at most ``sweeps`` passes); returns moves."""
+    def icm(
+        self, nodes: Iterable[int] | None = None, sweeps: int = 50, deadline: float = math.inf
+    ) -> int:
+        """Single-node moves until none improves (at most ``sweeps`` passes, none started after
+        ``deadline``, checked every `ICM_CHECK` nodes); returns moves."""
         graph = self.graph
         active = list(range(graph.num_nodes)) if nodes is None else list(nodes)
         moved = 0
         for _ in range(sweeps):
             changed: set[int] = set()
-            for v in active:
+            for k, v in enumerate(active):
+                if k % ICM_CHECK == 0 and time.perf_counter() > deadline:
+                    break
                 c = self.best_move(v)
                 if c is not None:
                     self.set(v, c)
