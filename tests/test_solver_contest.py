@@ -184,7 +184,7 @@ def test_timeout_is_honoured_on_a_30k_node_problem(tmp_path):
 
 
 @pytest.mark.api
-def test_a_search_cut_short_answers_with_its_best_plan(tmp_path, monkeypatch, capsys):
+def test_a_search_cut_short_answers_with_its_best_plan(tmp_path, monkeypatch, capfd):
     """A phase that outlasts the search's deadline (a loaded machine: one TRW-S sweep over
     30k nodes took 3 s beside three busy processes) is cut at the hard stop: the best plan
     found so far is the answer, exit 0, within the timeout."""
@@ -210,6 +210,6 @@ def test_a_search_cut_short_answers_with_its_best_plan(tmp_path, monkeypatch, ca
     t0 = time.perf_counter()
     assert cli_solve.solve_command([str(path), "1"]) == 0
     assert time.perf_counter() - t0 <= 1.0
-    out = capsys.readouterr()
+    out = capfd.readouterr()  # written to the file descriptors, not through sys.stdout
     assert out.out.strip().splitlines()[-1] == "[0, 0, 2, 1, 0]"
     assert "out of time" in out.err

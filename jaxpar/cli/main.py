@@ -622,11 +622,14 @@ def _one_line(message: object) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `jaxpar`; returns the exit status (2: bad input, reported as one line)."""
-    argv = sys.argv[1:] if argv is None else argv
+    as_program, argv = argv is None, sys.argv[1:] if argv is None else argv
     if argv[:1] == ["solve"]:  # light: no parser, nothing heavy imported (cli/solve.py)
-        from .solve import solve_command
+        from .solve import exit_now, solve_command
 
-        return solve_command(argv[1:])
+        status = solve_command(argv[1:], exit_at_stop=as_program)
+        if as_program:  # the timeout counts to the process's exit: skip the teardown
+            exit_now(status)
+        return status
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
