@@ -53,6 +53,7 @@ from .arguments import (
     zoo_example,
 )
 from .calibrate import add_calibrate
+from .clusters import clusters_command
 
 # What `jaxpar --help` prints above the commands (plain text: argparse shows it as written).
 DESCRIPTION = """\
@@ -377,34 +378,6 @@ def plan_document(
     return json.loads(json.dumps(out, default=str))
 
 
-def showcase_cluster(name: str) -> Any:
-    """Preset `name` at a size that has every link level: 2 nodes of a multi-node preset (one
-    node has no link between nodes), else the preset's default size."""
-    from ..hardware.cluster import Cluster
-
-    default = Cluster.preset(name)
-    try:
-        two = Cluster.preset(name, nodes=2)
-    except ValueError:  # one host or one flat network: sized with devices=
-        return default
-    return two if len(two.levels) > len(default.levels) else default
-
-
-def clusters_command(args: argparse.Namespace) -> int:
-    """Every preset with its numbers and their sources, at a size that shows every link."""
-    from ..hardware import presets
-
-    print(
-        "Cluster presets. 'jaxpar plan --cluster NAME' sizes one to the mesh (whole nodes); "
-        "each is shown\nhere with 2 nodes where it has nodes, so that every link level is listed."
-    )
-    for name in presets.preset_names():
-        print()
-        print(f"== {name}: {presets.preset_summary(name)}")
-        print(showcase_cluster(name).describe())
-    return 0
-
-
 def _plan_epilog() -> str:
     """`jaxpar plan --help`'s list of models and presets (imports the zoo: only for --help)."""
     import jaxpar_zoo as zoo
@@ -624,12 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run `jaxpar`; returns the exit status (2: bad input, reported as one line)."""
     as_program, argv = argv is None, sys.argv[1:] if argv is None else argv
     if argv[:1] == ["solve"]:  # light: no parser, nothing heavy imported (cli/solve.py)
-        from .solve import exit_now, solve_command
+        from .solve import run_solve
 
-        status = solve_command(argv[1:], exit_at_stop=as_program)
-        if as_program:  # the timeout counts to the process's exit: skip the teardown
-            exit_now(status)
-        return status
+        return run_solve(argv[1:], as_program)
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)

@@ -180,6 +180,15 @@ def _report(solution, progress) -> None:
     progress(f"stats: {counts}")
 
 
+def run_solve(argv: list[str], as_program: bool) -> int:
+    """`solve_command`; as a program (``as_program``), the process ends right after the answer:
+    the timeout counts to its exit, and the teardown is not needed."""
+    status = solve_command(argv, exit_at_stop=as_program)
+    if as_program:
+        exit_now(status)
+    return status
+
+
 def exit_now(status: int) -> None:
     """End the process at once, streams flushed: freeing a 65k-node problem's objects at the
     interpreter's exit took 0.3 s on a loaded machine, counted against the timeout."""
