@@ -28,10 +28,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
-import jaxpar_zoo as zoo
 import numpy as np
-from jaxpar_zoo.llama import llama_config, llama_example
+from budget_quality import setup  # the same cases, planned the same way
 
 import jaxpar
 from jaxpar.cost.evaluation import evaluate
@@ -50,19 +50,6 @@ CASES = [
 ]
 ROUNDS = 4
 UNTIED = jaxpar.PlannerOptions(share_blocks=False)
-
-
-def setup(name: str):
-    """(example, mesh, cluster) of a case, as budget_quality.py plans it."""
-    if name == "llama3_8b_scan":
-        cfg = llama_config("llama3_8b", remat=True, scan_layers=True)
-        return llama_example("llama3_8b", cfg), {"node": 8, "gpu": 8}, "dgx-h100"
-    if name == "llama3_70b_scan":
-        cfg = llama_config("llama3_70b", remat=True, batch=64, seq_len=2048, scan_layers=True)
-        return llama_example("llama3_70b", cfg), {"node": 8, "gpu": 8}, "dgx-h100"
-    if name == "gpt2_124m":
-        return zoo.get(name), {"a": 4, "b": 4}, "p100"
-    return zoo.get(name, small=True), {"data": 2, "model": 4}, "p100"
 
 
 def intervals(plan) -> tuple[np.ndarray, list[np.ndarray]]:
