@@ -236,10 +236,10 @@ def _scanned_mlp():
 @pytest.mark.oracle
 @pytest.mark.parametrize("case", ["mlp", "scanned_pipelined"])
 @pytest.mark.parametrize("objective", ["overlap", "time"])
-def test_compute_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
+def test_plan_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
     case, objective, monkeypatch
 ):
-    """`choose.compute_floor` (Σ t_C) is at most the objective of 300 sampled plans and of
+    """`choose.plan_floor` (Σ t_C, and the bound problem / the communication stream) is at most the objective of 300 sampled plans and of
     every hand plan; `choose` evaluates a hand plan only when its floor is below the plan it
     chose, and one read later is priced exactly as `evaluate` prices it (with a memo of its
     own: the plan keeps none of the search's)."""
@@ -269,21 +269,60 @@ def test_compute_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
     baselines = plan.choice.baselines
     skipped = [s for s, a in baselines.assignments.items() if a not in seen]
     for name in skipped:
-        assert choose.compute_floor(ctx, baselines.assignments[name]) >= chosen * (1 - 1e-12)
+        assert choose.plan_floor(ctx, baselines.assignments[name]) >= chosen * (1 - 1e-12)
     assert len(seen) == len(set(seen))  # each plan evaluated once
     assert baselines._ctx.memo == {}  # the search's memo is not kept with the plan
     for a, ev in baselines.values():  # read: evaluated now, the skipped ones included
         fresh = evaluate(ctx, a)
         assert ev.objective == fresh.objective and ev.cost == fresh.cost
-        assert choose.compute_floor(ctx, a) <= ev.objective * (1 + 1e-12)
+        assert choose.plan_floor(ctx, a) <= ev.objective * (1 + 1e-12)
         assert chosen <= ev.objective * (1 + 1e-12)
     rs = np.random.RandomState(0)
     sizes = [len(c) for c in plan.tables.configs]
     for _ in range(300):
         a = [int(rs.randint(n)) for n in sizes]
-        assert choose.compute_floor(ctx, a) <= evaluate(ctx, a).objective * (1 + 1e-12)
+        assert choose.plan_floor(ctx, a) <= evaluate(ctx, a).objective * (1 + 1e-12)
     if case == "mlp" and objective == "overlap":
         assert skipped  # data parallel computes more than the plan's whole overlapped step
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("objective", ["overlap", "time"])
+def test_cheapest_candidate_skips_only_plans_that_cannot_win(objective):
+    """`choose.cheapest` returns the first plan of least objective among 60 (the plan, its
+    hand plans, random ones), as evaluating all of them does, and leaves unevaluated only
+    those whose `plan_floor` is above the best evaluated (it skips some: random plans
+    communicate far more than the plan's whole step)."""
+    import jaxpar_zoo as zoo
+    import numpy as np
+
+    import jaxpar
+    from jaxpar.cost.evaluation import evaluate
+    from jaxpar.search import candidates as choose
+
+    ex = zoo.get("mlp")
+    plan = jaxpar.plan(ex.step, *ex.args, mesh={"node": 2, "gpu": 4}, cluster="dgx-h100",
+                       objective=objective, memory_budget=None)  # fmt: skip
+    ctx = plan.eval_context()
+    rs = np.random.RandomState(1)
+    sizes = [len(c) for c in plan.tables.configs]
+    plans = [[int(rs.randint(n)) for n in sizes] for _ in range(40)]
+    plans[7:7] = [list(a) for a in plan.choice.baselines.assignments.values()]
+    plans[20:20] = [list(plan.assignment)] * 2 + plans[:3]  # repeats: ties go to the first
+    evaluations = [evaluate(ctx, a) for a in plans]
+    seen = []
+
+    def priced(a):
+        seen.append(tuple(a))
+        return evaluations[plans.index(list(a))]
+
+    chosen, ev = choose.cheapest(plans, priced, lambda a: choose.plan_floor(ctx, a))
+    first = min(range(len(plans)), key=lambda i: evaluations[i].objective)
+    assert chosen == tuple(plans[first]) and ev is evaluations[first]
+    skipped = [a for a in plans if tuple(a) not in seen]
+    assert skipped
+    for a in skipped:
+        assert choose.plan_floor(ctx, a) >= ev.objective
 
 
 @pytest.mark.api

@@ -63,7 +63,7 @@ class SearchRun:
 
 class Baselines(Mapping[str, tuple[tuple[int, ...], Evaluation]]):
     """The hand plans (`BASELINES`): name -> (assignment, evaluation), each evaluated when
-    first read. `choose` reads only those whose `compute_floor` leaves them a chance to beat
+    first read. `choose` reads only those whose `plan_floor` leaves them a chance to beat
     the search; a report or a memory budget reads them all. It keeps every evaluation
     `choose` makes (`evaluated`): a search's plan is often a hand plan."""
 
@@ -103,13 +103,48 @@ class Baselines(Mapping[str, tuple[tuple[int, ...], Evaluation]]):
         return Baselines(self.assignments, ctx, self._evaluations)
 
 
-def compute_floor(ctx: EvalContext, assignment: Sequence[int]) -> float | None:
-    """A lower bound of ``assignment``'s objective without evaluating it: Σ_v t_C(v). Eq. 1
-    adds every node's t_C, and the overlapped step runs each of them on its compute stream
-    (`overlap`; the bound `overlap_lower_bound` minimizes). None under "comm" (bytes)."""
-    if ctx.params.objective == "comm":
+def plan_floor(ctx: EvalContext, assignment: Sequence[int]) -> float | None:
+    """A lower bound of ``assignment``'s objective without evaluating it. Under "time" the
+    cost of ``tables.bound`` (Eq. 1, or below it where tables fell back); under "overlap"
+    max(C, X): the compute stream runs every node's t_C (C = Σ_v t_C), the communication
+    stream at least X (`lower_bounds.streams_problems`); under "comm" (bytes) None."""
+    objective = ctx.params.objective
+    if objective == "comm":
         return None
-    return sum(float(comp[a]) for comp, a in zip(ctx.tables.compute, assignment, strict=True))
+    compute = sum(float(comp[a]) for comp, a in zip(ctx.tables.compute, assignment, strict=True))
+    if objective == "time":
+        return max(compute, assignment_cost(ctx.tables.bound, list(assignment)))
+    _, comm = plan_streams(ctx)
+    return max(compute, assignment_cost(comm, list(assignment)))
+
+
+def plan_streams(ctx: EvalContext) -> tuple[list, Problem]:
+    """`lower_bounds.streams_problems` of ``ctx``'s tables over every node, built once (kept
+    in ``ctx.memo``)."""
+    if "streams" not in ctx.memo:
+        ctx.memo["streams"] = streams_problems(ctx, ctx.tables.bound)
+    return ctx.memo["streams"]
+
+
+def cheapest(
+    candidates: Sequence[Sequence[int]],
+    priced: Callable[[Sequence[int]], Evaluation],
+    floor: Callable[[Sequence[int]], float | None],
+) -> tuple[tuple[int, ...], Evaluation]:
+    """The first candidate of least objective; a candidate whose ``floor`` is already above
+    the best one evaluated (by a relative 1e-12) cannot be it and is not evaluated."""
+    best: tuple[tuple[int, ...], Evaluation] | None = None
+    for a in candidates:
+        if best is not None:
+            low = floor(a)
+            if low is not None and low >= best[1].objective * (1 + 1e-12):
+                continue
+        ev = priced(a)
+        if best is None or ev.objective < best[1].objective:
+            best = (tuple(a), ev)
+    if best is None:
+        raise ValueError("no candidate plan to choose from")
+    return best
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,8 +227,7 @@ def choose(
                 ctx, options, space, tying, shared, [*base.values(), *extra], tick
             )
             candidates += extra  # k-cut's plan: elimination reports nothing worse
-        evals = [(tuple(a), priced(a)) for a in candidates]
-        a, ev = min(evals, key=lambda x: x[1].objective)
+        a, ev = cheapest(candidates, priced, lambda x: plan_floor(ctx, x))
         runs[name] = SearchRun(name, a, ev, exact, False, time.perf_counter() - t0, stats)
     step_lower = None
     elim = runs.get("elimination")
@@ -214,7 +248,7 @@ def choose(
     allowed = [s for s in BASELINES if space is None or project(base[s], space) is not None]
     for name in allowed:
         below = evaluation.objective * (1 - 1e-12)
-        floor = compute_floor(ctx, base[name])
+        floor = plan_floor(ctx, base[name])
         if floor is not None and floor >= below:
             continue  # it cannot beat the plan: no evaluation needed
         if (ev := priced(base[name])).objective < below:
@@ -372,7 +406,7 @@ def _dual_bounds(
         lower, method = dual.value, "dual"
     stats["dual_bound"] = dual.value
     if ctx.params.objective == "overlap":
-        compute, comm = streams_problems(ctx, tables.bound)
+        compute, comm = plan_streams(ctx)
         compute = narrow(Problem(compute, {}, [])).unary
         comm = narrow(comm, same_edges=tables.exact)
 

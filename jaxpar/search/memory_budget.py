@@ -63,7 +63,7 @@ from ..memory.held_bytes import HeldBytes
 from ..memory.model import MemoryModel
 from ..solver.descent import solve
 from ..solver.problem import Problem, assignment_cost
-from .candidates import Choice, compute_floor
+from .candidates import Choice, plan_floor
 from .options import PlannerOptions
 
 GROWTH = 8.0  # λ grows by this factor until a solution fits
@@ -120,7 +120,7 @@ class _Seen:
     """Every plan seen: its evaluation (given or by `evaluate`), its memory estimate (computed
     when first needed: a hand plan slower than a fitting plan is never estimated) and the λ
     that found it. A hand plan is ``pending`` (not evaluated) until `best_fit` needs its time:
-    when its `choose.compute_floor` comes before every faster fitting plan, and its arguments
+    when its `choose.plan_floor` comes before every faster fitting plan, and its arguments
     alone do not pass the budget."""
 
     def __init__(self, ctx: EvalContext, model: MemoryModel, budget: float):
@@ -147,7 +147,7 @@ class _Seen:
     def add_later(self, a, evaluated: Callable[[], Evaluation]) -> None:
         """A hand plan, evaluated (``evaluated()``) only when `best_fit` needs its time."""
         a = tuple(int(x) for x in a)
-        floor = compute_floor(self.ctx, a)
+        floor = plan_floor(self.ctx, a)
         if floor is None:
             self.add(a, None, evaluated())
         elif a not in self.evaluations and a not in self.pending:
