@@ -239,8 +239,9 @@ def _scanned_mlp():
 def test_plan_floor_bounds_every_plan_and_skips_only_hand_plans_that_lose(
     case, objective, monkeypatch
 ):
-    """`choose.plan_floor` (Σ t_C, and the bound problem / the communication stream) is at most the objective of 300 sampled plans and of
-    every hand plan; `choose` evaluates a hand plan only when its floor is below the plan it
+    """`choose.plan_floor` (Eq. 1's bound problem; under "overlap" max of the compute and the
+    communication streams) is at most the objective of 300 sampled plans and of every hand
+    plan; `choose` evaluates a hand plan only when its floor is below the plan it
     chose, and one read later is priced exactly as `evaluate` prices it (with a memo of its
     own: the plan keeps none of the search's)."""
     import jaxpar_zoo as zoo
