@@ -39,7 +39,7 @@ pricing memory into it (docs/memory.md, "Memory budget"):
    evaluations `choose` already made — is priced exactly (time by `evaluate`, memory by
    liveness, estimated lazily in order of time; not at all for a plan whose arguments alone
    pass the budget), and the fastest that fits is returned. A hand plan is evaluated only
-   when that order reaches its compute floor and its arguments may fit.
+   when that order reaches its floor (`plan_floor`) and its arguments may fit.
 
 The plan is then *not certified*: Lagrangian relaxation bounds the constrained optimum only
 under the linear proxy, and the exact peak is not linear. `Choice.optimal` is False and the
