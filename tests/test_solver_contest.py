@@ -116,6 +116,20 @@ def test_cli_answer_format_and_exit_status(tmp_path):
 
 
 @pytest.mark.api
+def test_cli_proves_a_tiny_problem_and_exits_without_waiting_for_its_timeout(tmp_path):
+    """The example breaks its limit at the unconstrained optimum; its 12 plans are tried
+    (`descent.ENUMERATED_PLANS`), the answer is proved optimal and the process exits at once,
+    not at its 30 s timeout (the anytime search would polish until then)."""
+    path = tmp_path / "example.json"
+    path.write_text(json.dumps(EXAMPLE))
+    done, wall = _run(path, 30)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, 0, 2, 1, 0]
+    assert "enumeration: objective 445" in done.stderr and "optimal (proved)" in done.stderr
+    assert wall < 10
+
+
+@pytest.mark.api
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from jaxpar.solver.adjacency import adjacency
-from jaxpar.solver.anytime import AnytimeOptions, improve_plan
+from jaxpar.solver.anytime import AnytimeOptions, anytime_search, improve_plan
 from jaxpar.solver.cutset import minimize
-from jaxpar.solver.descent import _block_descent, solve, solve_within
+from jaxpar.solver.descent import ENUMERATED_PLANS, _block_descent, solve, solve_within
 from jaxpar.solver.domains import reduce_domains
 from jaxpar.solver.problem import (
     FORBIDDEN,
@@ -117,16 +117,40 @@ def test_solve_within_fits_and_avoids_forbidden_whenever_a_plan_does(seed):
     p = random_problem(rng, int(rng.integers(3, 8)), forbid=seed % 2 == 0, memory=True)
     _, best = brute_force(p)
     options = AnytimeOptions(seed=seed, stall=150)
-    sol = solve_within(p, time.perf_counter() + 5.0, options=options)
-    value = assignment_cost(p, sol.assignment)
-    assert sol.objective == pytest.approx(value, rel=1e-9)
-    if best < FORBIDDEN:  # a plan that fits without forbidden entries exists
-        assert fits_memory(p, sol.assignment)
-        assert value < FORBIDDEN
-        bound = sol.stats.get("lower_bound")
-        assert bound is None or bound <= best + 1e-6 * abs(best)
-    if sol.optimal:
-        assert value == pytest.approx(best, rel=1e-12)
+    within = solve_within(p, time.perf_counter() + 5.0, options=options)
+    searched = anytime_search(p, time.perf_counter() + 5.0, options=options)  # not enumerated
+    for sol in (within, searched):
+        value = assignment_cost(p, sol.assignment)
+        assert sol.objective == pytest.approx(value, rel=1e-9)
+        if best < FORBIDDEN:  # a plan that fits without forbidden entries exists
+            assert fits_memory(p, sol.assignment)
+            assert value < FORBIDDEN
+            bound = sol.stats.get("lower_bound")
+            assert bound is None or bound <= best + 1e-6 * abs(best)
+        if sol.optimal:
+            assert value == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_small_problems_over_the_limit_are_solved_by_trying_every_plan(seed):
+    """Where the eliminated optimum breaks the memory limit and the problem has at most
+    `ENUMERATED_PLANS` plans, `solve_within` tries them all (`brute_force`): the cheapest plan
+    that fits, certified (and fast: no anytime search to its deadline)."""
+    rng = np.random.default_rng(300 + seed)
+    p = random_problem(rng, int(rng.integers(4, 8)), forbid=seed % 3 == 0, memory=True)
+    free = Problem(p.unary, p.edges, p.blocks, p.factors)
+    x_free, _ = brute_force(free)
+    _, best = brute_force(p)
+    t0 = time.perf_counter()
+    sol = solve_within(p, t0 + 30.0)
+    if fits_memory(p, x_free):  # the limit does not bind: elimination's plan stands
+        assert sol.stats["method"] == "elimination"
+    else:
+        assert sol.stats["method"] == "enumeration" and sol.stats["plans"] <= ENUMERATED_PLANS
+    assert sol.optimal and time.perf_counter() - t0 < 5.0
+    assert fits_memory(p, sol.assignment)
+    assert sol.objective == pytest.approx(best, rel=1e-12)  # sums near FORBIDDEN round
+    assert assignment_cost(p, sol.assignment) == pytest.approx(best, rel=1e-12)
 
 
 def test_solve_within_finds_most_optima_of_small_problems():
@@ -138,7 +162,7 @@ def test_solve_within_finds_most_optima_of_small_problems():
         _, best = brute_force(p)
         if best >= FORBIDDEN:
             continue
-        sol = solve_within(p, time.perf_counter() + 5.0, options=AnytimeOptions(stall=150))
+        sol = anytime_search(p, time.perf_counter() + 5.0, options=AnytimeOptions(stall=150))
         total += 1
         found += assignment_cost(p, sol.assignment) <= best * (1 + 1e-12)
     assert total >= 10 and found >= 0.8 * total, (found, total)

@@ -174,8 +174,10 @@ def _keep(latest: list):
 def _report(solution, progress) -> None:
     stats = solution.stats
     phases = ", ".join(f"{k} {v:.2f}s" for k, v in stats.get("phases_s", {}).items())
+    proved = ", optimal (proved)" if solution.optimal else ""
+    phases = f"; {phases}" if phases else ""
     progress(f"{stats.get('method')}: objective {solution.objective:.10g}, fits memory "
-             f"{stats.get('fits_memory', True)}; {phases}")  # fmt: skip
+             f"{stats.get('fits_memory', True)}{proved}{phases}")  # fmt: skip
     counts = {k: v for k, v in stats.items() if isinstance(v, (int, float)) and k != "objective"}
     progress(f"stats: {counts}")
 

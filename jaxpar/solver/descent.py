@@ -17,10 +17,21 @@ from collections.abc import Callable, Sequence
 
 from .anytime import AnytimeOptions, anytime_search, improve_plan
 from .elimination import TooWide, eliminates, solve_exact
-from .problem import Problem, SearchBudget, Solution, assignment_cost, fits_memory, improves
+from .problem import (
+    Problem,
+    SearchBudget,
+    Solution,
+    assignment_cost,
+    brute_force,
+    fits_memory,
+    improves,
+)
 
 # `solve_within` tries exact elimination on problems up to this many nodes
 EXACT_CHECK_NODES = 5000
+# a problem whose eliminated plan breaks the memory limit is solved by trying every plan
+# (`brute_force`, vectorized) when it has at most this many (the contest's example: 12)
+ENUMERATED_PLANS = 1 << 18
 
 
 def _solve_block(problem, x, block, table_budget, enum_budget):
@@ -165,7 +176,8 @@ def solve_within(
 ) -> Solution:
     """The best plan by ``deadline`` (a `time.perf_counter` instant), memory constraint
     included: exact elimination when the graph eliminates within ``budget`` (optimal, and
-    certified so when its plan also fits the memory limit), else the anytime search
+    certified so when its plan also fits the memory limit; when it does not, a problem of at
+    most `ENUMERATED_PLANS` plans is solved by trying them all), else the anytime search
     (`anytime.anytime_search`) from ``starts``; never a plan over the memory limit while one
     that fits is known; ``on_plan``: see `anytime.anytime_search`. ``jaxpar solve`` runs
     this."""
@@ -179,6 +191,13 @@ def solve_within(
         stats.update(time_s=time.perf_counter() - t0, method="elimination")
         if fits_memory(problem, assignment):
             return Solution(assignment, value, True, stats)
+        plans = math.prod(len(u) for u in problem.unary)
+        if plans <= ENUMERATED_PLANS:
+            best, _ = brute_force(problem)
+            if best is not None:  # the cheapest plan that fits: optimal
+                elapsed = time.perf_counter() - t0
+                stats = {"method": "enumeration", "plans": plans, "time_s": elapsed}
+                return Solution(best, assignment_cost(problem, best), True, stats)
         starts = [*starts, assignment]
     if log is not None:
         why = "breaks the memory limit" if exact else "too wide" if small else "not tried"

@@ -168,8 +168,9 @@ def fits_memory(problem: Problem, assignment: Sequence[int]) -> bool:
 
 
 def brute_force(problem: Problem, chunk: int = 1 << 18) -> tuple[list[int], float]:
-    """Enumerate every assignment, vectorized in chunks (tests only: exponential). Under a
-    memory constraint only the assignments that fit count; (None, inf) when none does."""
+    """Enumerate every assignment, vectorized in chunks (exponential: tests, and
+    `descent.solve_within` on tiny problems over the memory limit). Under a memory constraint
+    only the assignments that fit count; (None, inf) when none does."""
     sizes = [len(u) for u in problem.unary]
     total = math.prod(sizes)
     best, best_val = None, math.inf
