@@ -180,6 +180,27 @@ class _NodeTerms:
     collectives: tuple[tuple[Collective, AllReduceItem | None, float], ...]
 
 
+def group_order(ng: NodeGraph, node, cfg, reduced: tuple[int, ...]) -> tuple[int, ...]:
+    """The mesh axes a partial sum's replica groups are listed by: XLA's partitioner groups
+    the devices by the tile coordinates outside the reduced axes, row-major, of the operand it
+    partitions by (of a dot, the operand with more elements; else the first), so the axes
+    splitting that operand in its dim order, then the axes replicating it. The combiner merges
+    only identical replica-group lists: MaxText-style gradients over `data` of dots whose
+    larger operand is split on `tensor` and of dots whose larger operand is split on `fsdp`
+    list the same groups in two orders and stay apart (tests/test_maxtext.py)."""
+    eqn = ng.program.eqns[node.anchor]
+    maps = [(m, t) for m, t in zip(node.space.in_maps, eqn.inputs, strict=True) if m is not None]
+    if not maps:
+        return ()
+    if eqn.primitive == "dot_general":
+        m, _ = max(maps, key=lambda mt: ng.program.tensors[mt[1]].size)  # first on a tie
+    else:
+        m = maps[0][0]
+    split = [a for axes in spec_of(m, cfg) for a in axes if a not in reduced]
+    rest = [a for a in range(len(cfg)) if a not in reduced and a not in split]
+    return (*split, *rest)
+
+
 def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
     """Node ``v``'s terms under configuration ``a`` (kept in ``ctx.memo``: evaluations of one
     set of tables mostly agree on a node's configuration)."""
@@ -217,7 +238,10 @@ def _node_terms(ctx: EvalContext, v: int, a: int) -> _NodeTerms:
             if c.body is not None:  # XLA combines a shard_map body's all-reduces like others
                 key = (c.body.reduce_op, c.body.dtype, c.axes)
             else:
-                key = (node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes)
+                key = (
+                    node.space.reduce_op, ng.program.tensors[c.tensor].dtype, c.axes,
+                    group_order(ng, node, cfg, c.axes),
+                )  # fmt: skip
             # XLA combines within one computation: a cond's branches never together, a scan it
             # runs in line with the computation around it
             comp = ng.program.computation(node.region)

@@ -1,16 +1,16 @@
 """How XLA's all-reduce combiner merges the predicted all-reduces.
 
 XLA's combiner passes (`all-reduce-combiner`, and on CPU `cpu-all-reduce-combiner`) merge
-all-reduces of one key — same reduction, element type and replica groups, in the same
-computation — into one collective, walking the program in order: the first all-reduce left opens
-a group; later ones of its key join until one depends on a member (a data path from it), the
-group's bytes would pass the threshold, or it holds the maximum count; then the group is
-combined (its members now depend on what any member depended on) and the walk starts over. Bytes
-are unchanged; latency is paid once per group. `group_all_reduces` replays that on the planned
-program (`docs/cost.md`, "Combined collectives"). A scan unrolled by k (``lax.scan(...,
-unroll=k)``) runs k copies of its body per loop iteration, in one computation: the copies of a
-group combine too unless one copy's all-reduce feeds the next copy's through the carry
-(`combined_runs`).
+all-reduces of one key — same reduction, element type and replica groups (the same lists in the
+same order), in the same computation — into one collective, walking the program in order: the
+first all-reduce left opens a group; later ones of its key join until one depends on a member
+(a data path from it), the group's bytes would pass the threshold, or it holds the maximum
+count; then the group is combined (its members now depend on what any member depended on) and
+the walk starts over. Bytes are unchanged; latency is paid once per group. `group_all_reduces`
+replays that on the planned program (`docs/cost.md`, "Combined collectives"). A scan unrolled
+by k (``lax.scan(..., unroll=k)``) runs k copies of its body per loop iteration, in one
+computation: the copies of a group combine too unless one copy's all-reduce feeds the next
+copy's through the carry (`combined_runs`).
 
 Pure: no jax import.
 """
@@ -63,8 +63,9 @@ class AllReduceItem:
     """One predicted all-reduce, as the combiner sees it."""
 
     eqn: int  # the equation whose result it reduces (its place in program order)
-    # what must match to combine: reduction, dtype, mesh axes, computation, body (XLA's
-    # computation: `graph.Program.computation`, a region or -1)
+    # what must match to combine: reduction, dtype, mesh axes, the order the replica groups
+    # are listed in (`cost.evaluation.group_order`), computation, body (XLA's computation:
+    # `graph.Program.computation`, a region or -1)
     key: tuple
     buffer_bytes: float  # result bytes per device
     region: int = -1  # the region of its equation (a scan run in line, inside the computation)
