@@ -21,8 +21,8 @@ import numpy as np
 
 from ..hardware.collectives import ALL_GATHER, ALL_REDUCE, all_reduce_buffer, ring_steps
 from ..hardware.speeds import MeshSpeeds
-from ..nodes.configs import spec_of, split_axes
-from ..nodes.planning_nodes import NodeGraph
+from ..nodes.configs import Config, spec_of, split_axes
+from ..nodes.planning_nodes import Node, NodeGraph
 from ..program.graph import shape_str
 from ..xla.allreduce_combiner import (
     COMBINERS,
@@ -180,7 +180,9 @@ class _NodeTerms:
     collectives: tuple[tuple[Collective, AllReduceItem | None, float], ...]
 
 
-def group_order(ng: NodeGraph, node, cfg, reduced: tuple[int, ...]) -> tuple[int, ...]:
+def group_order(
+    ng: NodeGraph, node: Node, cfg: Config, reduced: tuple[int, ...]
+) -> tuple[int, ...]:
     """The mesh axes a partial sum's replica groups are listed by: XLA's partitioner groups
     the devices by the tile coordinates outside the reduced axes, row-major, of the operand it
     partitions by (of a dot, the operand with more elements; else the first), so the axes

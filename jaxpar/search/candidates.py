@@ -111,9 +111,9 @@ def plan_floor(ctx: EvalContext, assignment: Sequence[int]) -> float | None:
     objective = ctx.params.objective
     if objective == "comm":
         return None
-    compute = sum(float(comp[a]) for comp, a in zip(ctx.tables.compute, assignment, strict=True))
     if objective == "time":
-        return max(compute, assignment_cost(ctx.tables.bound, list(assignment)))
+        return assignment_cost(ctx.tables.bound, list(assignment))
+    compute = sum(float(comp[a]) for comp, a in zip(ctx.tables.compute, assignment, strict=True))
     _, comm = plan_streams(ctx)
     return max(compute, assignment_cost(comm, list(assignment)))
 
